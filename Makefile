@@ -1,0 +1,102 @@
+# ratelimitd — plain Makefile (STYLE 23). `make` builds build/ratelimitd;
+# `make test` runs every test; `make run` starts it with a local Redis;
+# `make bench` measures it. SANITIZE=address,undefined builds a sanitized
+# binary under build/asan/.
+
+CC	?= cc
+PKGS	 = libevent libevent_pthreads hiredis yaml-0.1 jansson
+WARN	 = -Wall -Wextra -Werror -Wformat=2 -Wshadow -Wpointer-arith \
+	   -Wcast-qual -Wwrite-strings -Wstrict-prototypes \
+	   -Wmissing-prototypes -Wmissing-declarations
+CFLAGS	?= -g -O2
+CFLAGS	+= -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) \
+	   $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+LDLIBS	 = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -levent_extra -lpthread
+
+ifdef SANITIZE
+BUILD	 = build/asan
+CFLAGS	+= -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS	+= -fsanitize=$(SANITIZE)
+else
+BUILD	 = build
+endif
+
+# The limits script: prelude, one file per algorithm, entry point. Adding an
+# algorithm is one .lua file here and one entry in config.c's table.
+ALGORITHMS = fixed_window token_bucket sliding_window_log sliding_window_counter leaky_bucket gcra
+LUA	 = scripts/lib.lua $(ALGORITHMS:%=scripts/%.lua) scripts/main.lua
+
+SRCS	 = $(wildcard src/*.c)
+LIBSRCS	 = $(filter-out src/main.c,$(SRCS))
+OBJS	 = $(SRCS:src/%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/script.o
+LIBOBJS	 = $(LIBSRCS:src/%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/script.o
+UNITSRCS = $(wildcard tests/unit/*.c)
+
+PYTHON	 = /usr/bin/python3
+DEBS_BUILD = build-essential pkg-config libevent-dev libhiredis-dev libjansson-dev libyaml-dev
+DEBS_TEST  = redis-server redis-tools python3-pytest python3-redis python3-requests nginx-light clang
+
+.PHONY: all clean test unit integration asan run bench deps deps-test
+
+all: $(BUILD)/ratelimitd build/limits.lua
+
+$(BUILD)/ratelimitd: $(OBJS)
+	$(CC) $(LDFLAGS) -o $@ $(OBJS) $(LDLIBS)
+
+$(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) | $(BUILD)/obj
+	$(CC) $(CFLAGS) -Isrc -c -o $@ $<
+
+build/limits.lua: $(LUA) | build
+	cat $(LUA) > $@
+
+# The script is embedded as a C string so the binary is self-contained.
+$(BUILD)/obj/script.c: build/limits.lua | $(BUILD)/obj
+	{ echo '/* generated from the scripts directory by the Makefile */'; \
+	  echo '#include "script.h"'; \
+	  echo 'const char script_source[] ='; \
+	  sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' $<; \
+	  echo ';'; } > $@
+
+$(BUILD)/obj/script.o: $(BUILD)/obj/script.c src/script.h
+	$(CC) $(CFLAGS) -Isrc -c -o $@ $<
+
+$(BUILD)/obj build:
+	mkdir -p $@
+
+$(BUILD)/unit: $(UNITSRCS) $(LIBOBJS)
+	$(CC) $(CFLAGS) $(LDFLAGS) -Isrc -o $@ $(UNITSRCS) $(LIBOBJS) $(LDLIBS)
+
+unit: $(BUILD)/unit
+	$(BUILD)/unit
+
+integration: all
+	$(PYTHON) -m pytest -q tests/integration
+
+asan:
+	$(MAKE) SANITIZE=address,undefined CC=clang build/asan/ratelimitd
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	RATELIMITD_BIN=$(CURDIR)/build/asan/ratelimitd \
+	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+
+# Installs the build and test packages when one is missing (Debian).
+deps:
+	@sh scripts/deps.sh $(DEBS_BUILD)
+deps-test:
+	@sh scripts/deps.sh $(DEBS_BUILD) $(DEBS_TEST)
+
+test: deps-test
+	$(MAKE) all
+	$(MAKE) unit
+	$(MAKE) integration
+	$(MAKE) asan
+
+run: deps
+	$(MAKE) all
+	sh scripts/run.sh conf/ratelimitd.yaml
+
+bench: deps-test
+	bash scripts/bench.sh
+
+clean:
+	rm -rf build

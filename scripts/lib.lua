@@ -1,0 +1,91 @@
+-- ratelimitd: the shared prelude of the limits script.
+--
+-- The daemon sends one script: this file, then every algorithm file, then
+-- main.lua, concatenated at build time. Each algorithm registers itself in
+-- ALGORITHMS under its policy name with two functions:
+--
+--   check(key, now, cost, a, b, c) -> r
+--     Reads the state at `key` and decides without writing. `now` is in
+--     microseconds. r must have: allowed (bool), remaining (before charge),
+--     remaining_after (if charged), reset (us until full, before charge),
+--     reset_after (us until full, if charged), retry (us until a request of
+--     this cost could pass, 0 when allowed), delay (us an allowed request must
+--     be held before it may proceed; 0 except for shaping algorithms).
+--   commit(key, now, cost, r, a, b, c)
+--     Writes the charged state, with an expiry no longer than it matters.
+--
+-- Numbers that leave Lua for Redis go through fmt_int/fmt_num: redis.call
+-- formats a bare Lua number with "%.14g", which would truncate microsecond
+-- timestamps (16 digits).
+
+local ALGORITHMS = {}
+
+local function fmt_int(x)
+  return string.format('%.0f', x)
+end
+
+local function fmt_num(x)
+  return string.format('%.17g', x)
+end
+
+-- Microseconds to whole milliseconds, rounded up so that a client told to
+-- wait that long is never early.
+local function us_to_ms_ceil(us)
+  if us <= 0 then return 0 end
+  return math.ceil(us / 1000)
+end
+
+-- Sets the key's expiry to `us` from now, at least 1 ms.
+local function expire_in_us(key, us)
+  local ms = us_to_ms_ceil(us)
+  if ms < 1 then ms = 1 end
+  redis.call('PEXPIRE', key, fmt_int(ms))
+end
+
+local function now_us()
+  local forced = ARGV[1]
+  if forced ~= nil and forced ~= '' and forced ~= '0' then
+    return tonumber(forced)
+  end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+-- Greatest common divisor of two positive integers.
+local function gcd(a, b)
+  while b ~= 0 do a, b = b, a % b end
+  return a
+end
+
+-- Exact rationals in stored state (token_bucket, leaky_bucket, gcra).
+-- A fractional rate makes times and token counts non-integral (3/s is one
+-- request per 333333.33 us), and a double near 1.7e15 us only resolves a
+-- quarter microsecond, so such values are stored exactly as "I" or
+-- "I+R/D" (integer I plus R/D, 0 < R < D) and computed in integer units of
+-- 1/D relative to an origin (usually now), which keeps every value small
+-- and every comparison exact.
+
+-- Decodes s as (value - origin) in integer units of 1/den. A value stored
+-- with another denominator (the rate changed on reload), or as a plain
+-- float, is rounded up or down as the caller asks.
+local function rat_decode(s, origin, den, round_up)
+  local i, r, d = string.match(s, '^(%-?%d+)%+(%d+)/(%d+)$')
+  local x
+  if i == nil then
+    x = (tonumber(s) - origin) * den
+  else
+    i, r, d = tonumber(i), tonumber(r), tonumber(d)
+    if d == den then return (i - origin) * den + r end
+    x = (i - origin) * den + r * den / d
+  end
+  if round_up then return math.ceil(x) end
+  return math.floor(x)
+end
+
+-- Encodes origin + x/den exactly (x an integer >= 0).
+local function rat_encode(origin, x, den)
+  local whole = math.floor(x / den)
+  local r = x - whole * den
+  if r == 0 then return fmt_int(origin + whole) end
+  return fmt_int(origin + whole) .. '+' .. fmt_int(r) .. '/' .. fmt_int(den)
+end

@@ -1,0 +1,732 @@
+/*
+ * The check lifecycle. A struct check comes from the worker's pool, so a
+ * check allocates nothing of its own; it owns its evhttp request, a timer
+ * (the Redis deadline, then the shaping delay), a reference to the policy it
+ * started with, and the hiredis call record.
+ *
+ * Ownership: check_finish replies exactly once. If hiredis still holds the
+ * call record at that point (the deadline fired first), the check stays out
+ * of the pool until the late reply arrives and is dropped; hiredis always
+ * calls back, with NULL when the link dies, so nothing leaks and nothing is
+ * touched after it is reused.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+#include <jansson.h>
+
+#include "check.h"
+#include "config.h"
+#include "denycache.h"
+#include "http.h"
+#include "limiter.h"
+#include "log.h"
+#include "metrics.h"
+#include "policy.h"
+#include "store.h"
+#include "worker.h"
+#include "xmalloc.h"
+
+#define CHECK_QUERY_KEY_MAX	4096	/* a query-string key, decoded */
+
+enum check_phase { CHECK_IDLE, CHECK_WAITING, CHECK_DELAYED, CHECK_DONE };
+
+/* How a check ended, which decides status, headers and metrics. */
+enum check_outcome {
+	OUTCOME_VERDICT,	/* Redis (or the deny cache) decided */
+	OUTCOME_NO_ROUTE,
+	OUTCOME_UNLIMITED,	/* missing key allowed, or unlimited override */
+	OUTCOME_MISSING_KEY,	/* missing key denied: 403 */
+	OUTCOME_DEGRADED	/* Redis failed: the failure mode decides */
+};
+
+struct check {
+	struct check		*ck_next, *ck_prev; /* pool or active list */
+	struct worker		*ck_worker;
+	struct evhttp_request	*ck_req;
+	struct config		*ck_config;	/* referenced while active */
+	const struct route	*ck_route;
+	const struct limit_set	*ck_set;
+	long long		 ck_cost;
+	int			 ck_json;	/* /v1/check: reply with a body */
+	char			*ck_raw_key;	/* JSON replies only */
+	char			 ck_client[LIMITER_CLIENT_MAX];
+	struct event		*ck_timer;
+	struct store_call	 ck_call;
+	long long		 ck_start_us;
+	enum check_phase	 ck_phase;
+	int			 ck_redis_pending; /* hiredis holds ck_call */
+	int			 ck_retried;	/* NOSCRIPT retried once */
+	struct verdict		 ck_verdict;
+};
+
+static void check_on_timer(evutil_socket_t, short, void *);
+static void check_send(struct check *);
+
+static long long
+mono_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static struct check *
+check_get(struct worker *w, struct evhttp_request *req, int json)
+{
+	struct check *ck = w->w_free_checks;
+
+	if (ck)
+		w->w_free_checks = ck->ck_next;
+	else {
+		ck = xcalloc(1, sizeof(*ck));
+		ck->ck_worker = w;
+		ck->ck_timer = evtimer_new(w->w_base, check_on_timer, ck);
+	}
+	ck->ck_req = req;
+	ck->ck_json = json;
+	ck->ck_cost = 1;
+	ck->ck_route = NULL;
+	ck->ck_set = NULL;
+	ck->ck_raw_key = NULL;
+	ck->ck_client[0] = '\0';
+	ck->ck_retried = 0;
+	ck->ck_redis_pending = 0;
+	ck->ck_phase = CHECK_WAITING;
+	ck->ck_start_us = mono_us();
+	ck->ck_config = config_ref(w->w_config);
+	/* active list */
+	ck->ck_prev = NULL;
+	ck->ck_next = w->w_active;
+	if (w->w_active)
+		w->w_active->ck_prev = ck;
+	w->w_active = ck;
+	w->w_nactive++;
+	metrics_in_flight(w->w_metrics, 1);
+	return ck;
+}
+
+/* Back to the pool, once neither the HTTP side nor hiredis needs it. */
+static void
+check_release(struct check *ck)
+{
+	struct worker *w = ck->ck_worker;
+
+	ck->ck_phase = CHECK_IDLE;
+	ck->ck_next = w->w_free_checks;
+	w->w_free_checks = ck;
+}
+
+void
+check_pool_free(struct worker *w)
+{
+	while (w->w_free_checks) {
+		struct check *ck = w->w_free_checks;
+
+		w->w_free_checks = ck->ck_next;
+		event_free(ck->ck_timer);
+		free(ck);
+	}
+}
+
+static const char *
+header_lookup(void *ctx, const char *name)
+{
+	return evhttp_find_header(ctx, name);
+}
+
+static void
+add_header(struct evhttp_request *req, const char *name, const char *value)
+{
+	if (value[0])
+		evhttp_add_header(evhttp_request_get_output_headers(req), name, value);
+}
+
+static void
+add_rate_headers(struct evhttp_request *req, const struct limiter_headers *h)
+{
+	add_header(req, "X-RateLimit-Limit", h->limit);
+	add_header(req, "X-RateLimit-Remaining", h->remaining);
+	add_header(req, "X-RateLimit-Reset", h->reset);
+	add_header(req, "Retry-After", h->retry_after);
+	add_header(req, "RateLimit-Policy", h->policy);
+	add_header(req, "RateLimit", h->ratelimit);
+}
+
+static json_t *
+verdict_json(const struct check *ck, int allowed, int degraded)
+{
+	const struct limit_set *set = ck->ck_set;
+	const struct verdict *v = &ck->ck_verdict;
+	json_t *o, *limits = json_array();
+	long long headline_remaining = -1, headline_reset = 0, headline_limit = 0;
+
+	for (size_t i = 0; set && i < set->nlimits; i++) {
+		const struct limit *l = &set->limits[i];
+
+		json_array_append_new(limits, json_pack("{s:s,s:s,s:I,s:I,s:I,s:b}",
+		    "name", l->name, "algorithm", config_algorithm_name(l->algorithm),
+		    "limit", (json_int_t)l->quota,
+		    "remaining", (json_int_t)(degraded ? -1 : v->r[i].remaining),
+		    "reset", (json_int_t)(degraded ? 0 : limiter_ms_to_s(v->r[i].reset_ms)),
+		    "allowed", degraded ? allowed : v->r[i].allowed));
+		if (!degraded && i == v->headline) {
+			headline_remaining = v->r[i].remaining;
+			headline_reset = limiter_ms_to_s(v->r[i].reset_ms);
+			headline_limit = l->quota;
+		}
+		if (degraded && (headline_limit == 0 || l->quota < headline_limit))
+			headline_limit = l->quota;
+	}
+	o = json_pack("{s:b,s:s,s:s,s:I,s:I,s:I,s:I,s:b,s:o}",
+	    "allowed", allowed, "route", ck->ck_route->name,
+	    "key", ck->ck_raw_key ? ck->ck_raw_key : "",
+	    "limit", (json_int_t)headline_limit,
+	    "remaining", (json_int_t)headline_remaining,
+	    "reset", (json_int_t)headline_reset,
+	    "retry_after", (json_int_t)(!degraded && !v->allowed ?
+		(limiter_ms_to_s(v->retry_ms) < 1 ? 1 : limiter_ms_to_s(v->retry_ms)) : 0),
+	    "degraded", degraded, "limits", limits);
+	return o;
+}
+
+static void
+send_json(struct evhttp_request *req, int status, json_t *o)
+{
+	char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+
+	http_reply(req, status, "application/json", s, strlen(s));
+	free(s);
+	json_decref(o);
+}
+
+static void
+access_log(const struct check *ck, int status, enum check_result result,
+    long long took_us)
+{
+	static const char *const results[] = { "allowed", "denied",
+	    "shadow_denied", "failed_open", "failed_closed", "no_route" };
+	char key[LIMITER_CLIENT_MAX * 2];
+
+	log_escape(key, sizeof(key), ck->ck_client, strlen(ck->ck_client));
+	log_access("check route=%s key=\"%s\" status=%d result=%s cost=%lld us=%lld",
+	    ck->ck_route ? ck->ck_route->name : "-", key, status, results[result],
+	    ck->ck_cost, took_us);
+}
+
+/* Replies once, counts, logs, and releases what it can. */
+static void
+check_finish(struct check *ck, enum check_outcome outcome)
+{
+	struct worker *w = ck->ck_worker;
+	struct evhttp_request *req = ck->ck_req;
+	const struct config *c = ck->ck_config;
+	const struct route *route = ck->ck_route;
+	struct limiter_headers h;
+	enum check_result result = RESULT_ALLOWED;
+	int status = 200, allowed = 1;
+	long long took;
+
+	event_del(ck->ck_timer);
+	switch (outcome) {
+	case OUTCOME_NO_ROUTE:
+		result = RESULT_NO_ROUTE;
+		if (ck->ck_json)
+			send_json(req, 200, json_pack("{s:b,s:n}", "allowed", 1, "route"));
+		else
+			http_reply(req, 200, NULL, NULL, 0);
+		break;
+	case OUTCOME_UNLIMITED:
+		if (ck->ck_json)
+			send_json(req, 200, json_pack("{s:b,s:s,s:s,s:b,s:b,s:[]}",
+			    "allowed", 1, "route", route->name, "key",
+			    ck->ck_raw_key ? ck->ck_raw_key : "", "unlimited", 1,
+			    "degraded", 0, "limits"));
+		else
+			http_reply(req, 200, NULL, NULL, 0);
+		break;
+	case OUTCOME_MISSING_KEY:
+		result = RESULT_DENIED;
+		status = 403;
+		if (ck->ck_json)
+			http_reply_json_error(req, 403, "no client key for route %s",
+			    route->name);
+		else
+			send_json(req, 403, json_pack("{s:s,s:s}", "error",
+			    "missing_key", "route", route->name));
+		break;
+	case OUTCOME_DEGRADED:
+		limiter_format_degraded(ck->ck_set, &h);
+		add_rate_headers(req, &h);
+		if (config_route_failure_mode(c, route) == FAILURE_MODE_CLOSED) {
+			result = RESULT_FAILED_CLOSED;
+			status = 503;
+			allowed = 0;
+		} else
+			result = RESULT_FAILED_OPEN;
+		if (ck->ck_json)
+			send_json(req, status, verdict_json(ck, allowed, 1));
+		else if (status == 503)
+			send_json(req, 503, json_pack("{s:s,s:s}", "error",
+			    "rate_limiter_unavailable", "route", route->name));
+		else
+			http_reply(req, status, NULL, NULL, 0);
+		break;
+	case OUTCOME_VERDICT: {
+		const struct verdict *v = &ck->ck_verdict;
+
+		limiter_format(ck->ck_set, v, c->ietf_headers, &h);
+		if (!v->allowed) {
+			if (route->shadow)
+				result = RESULT_SHADOW_DENIED;
+			else {
+				result = RESULT_DENIED;
+				status = config_route_deny_status(c, route);
+				allowed = 0;
+			}
+		}
+		if (route->shadow)
+			h.retry_after[0] = '\0';	/* the request passes */
+		add_rate_headers(req, &h);
+		if (ck->ck_json)
+			send_json(req, status, verdict_json(ck, allowed, 0));
+		else if (!allowed)
+			send_json(req, status, json_pack("{s:s,s:s,s:I}", "error",
+			    "rate_limited", "route", route->name, "retry_after",
+			    (json_int_t)atoll(h.retry_after)));
+		else
+			http_reply(req, status, NULL, NULL, 0);
+		break;
+	}
+	}
+	took = mono_us() - ck->ck_start_us;
+	metrics_check(w->w_metrics, route ? route->metric_id : 0, result,
+	    (uint64_t)took * 1000);
+	if (c->log_access)
+		access_log(ck, status, result, took);
+
+	ck->ck_phase = CHECK_DONE;
+	ck->ck_req = NULL;
+	free(ck->ck_raw_key);
+	ck->ck_raw_key = NULL;
+	config_unref(ck->ck_config);
+	ck->ck_config = NULL;
+	/* off the active list */
+	if (ck->ck_prev)
+		ck->ck_prev->ck_next = ck->ck_next;
+	else
+		w->w_active = ck->ck_next;
+	if (ck->ck_next)
+		ck->ck_next->ck_prev = ck->ck_prev;
+	w->w_nactive--;
+	metrics_in_flight(w->w_metrics, -1);
+	if (!ck->ck_redis_pending)
+		check_release(ck);
+	if (w->w_draining && w->w_nactive == 0)
+		worker_check_done(w);
+}
+
+static void
+check_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct check *ck = arg;
+
+	(void)fd;
+	(void)what;
+	if (ck->ck_phase == CHECK_WAITING) {
+		metrics_redis_error(ck->ck_worker->w_metrics, REDIS_ERROR_TIMEOUT);
+		check_finish(ck, OUTCOME_DEGRADED);
+	} else if (ck->ck_phase == CHECK_DELAYED)
+		check_finish(ck, OUTCOME_VERDICT);
+}
+
+static void
+check_on_reply(void *arg, const struct store_result *res)
+{
+	struct check *ck = arg;
+	struct worker *w = ck->ck_worker;
+
+	ck->ck_redis_pending = 0;
+	if (ck->ck_phase != CHECK_WAITING) {
+		/* The deadline answered already: drop the late reply. */
+		if (ck->ck_phase == CHECK_DONE)
+			check_release(ck);
+		return;
+	}
+	switch (res->status) {
+	case STORE_NOSCRIPT:
+		if (!ck->ck_retried) {
+			/* The store queued SCRIPT LOAD ahead of this retry. */
+			ck->ck_retried = 1;
+			check_send(ck);
+			return;
+		}
+		check_finish(ck, OUTCOME_DEGRADED);
+		return;
+	case STORE_DISCONNECTED:
+		check_finish(ck, OUTCOME_DEGRADED);
+		return;
+	case STORE_ERROR:
+		log_warnx("redis error on route %s: %s", ck->ck_route->name,
+		    res->error ? res->error : "unknown");
+		check_finish(ck, OUTCOME_DEGRADED);
+		return;
+	case STORE_OK:
+		break;
+	}
+	if (limiter_parse(ck->ck_set, res->ints, res->nints, &ck->ck_verdict) == -1) {
+		log_warnx("route %s: malformed script reply", ck->ck_route->name);
+		metrics_redis_error(w->w_metrics, REDIS_ERROR_ERROR);
+		check_finish(ck, OUTCOME_DEGRADED);
+		return;
+	}
+	if (!ck->ck_verdict.allowed)
+		denycache_put(w->w_denycache, ck->ck_config, ck->ck_route, ck->ck_set,
+		    ck->ck_client, ck->ck_cost, &ck->ck_verdict, mono_us());
+	if (ck->ck_verdict.allowed && ck->ck_verdict.delay_ms > 0 && !w->w_draining) {
+		struct timeval tv = { (time_t)(ck->ck_verdict.delay_ms / 1000),
+		    (suseconds_t)(ck->ck_verdict.delay_ms % 1000) * 1000 };
+
+		/* Shaping: the reply waits for its turn on a loop timer. */
+		ck->ck_phase = CHECK_DELAYED;
+		event_del(ck->ck_timer);
+		event_add(ck->ck_timer, &tv);
+		return;
+	}
+	check_finish(ck, OUTCOME_VERDICT);
+}
+
+/* Sends (or resends) the script call; answers by the failure mode if the
+ * link cannot take it. */
+static void
+check_send(struct check *ck)
+{
+	struct worker *w = ck->ck_worker;
+
+	limiter_build(&w->w_cmd, store_script_sha(w->w_store), ck->ck_config->key_prefix,
+	    ck->ck_route->name, ck->ck_client, ck->ck_set, ck->ck_cost);
+	if (store_eval(w->w_store, &w->w_cmd, &ck->ck_call, check_on_reply, ck) == -1) {
+		check_finish(ck, OUTCOME_DEGRADED);
+		return;
+	}
+	ck->ck_redis_pending = 1;
+}
+
+/* From a resolved route and client key to a reply or a pending call. */
+static void
+check_run(struct check *ck, const char *key, size_t keylen)
+{
+	struct worker *w = ck->ck_worker;
+	long long deadline_us;
+	struct timeval tv;
+
+	if (ck->ck_route == NULL) {
+		check_finish(ck, OUTCOME_NO_ROUTE);
+		return;
+	}
+	if (key == NULL) {
+		check_finish(ck, ck->ck_route->missing_key_allow ? OUTCOME_UNLIMITED :
+		    OUTCOME_MISSING_KEY);
+		return;
+	}
+	if (ck->ck_json && ck->ck_raw_key == NULL)
+		ck->ck_raw_key = xstrndup(key, keylen);
+	limiter_encode_client(key, keylen, ck->ck_client);
+	if (ck->ck_set == NULL)
+		ck->ck_set = policy_limits(ck->ck_route, key, keylen);
+	if (ck->ck_set->unlimited) {
+		check_finish(ck, OUTCOME_UNLIMITED);
+		return;
+	}
+	if (denycache_get(w->w_denycache, ck->ck_config, ck->ck_route, ck->ck_client,
+	    ck->ck_cost, mono_us(), &ck->ck_verdict)) {
+		check_finish(ck, OUTCOME_VERDICT);
+		return;
+	}
+	if (store_state(w->w_store) != STORE_UP) {
+		metrics_redis_error(w->w_metrics, REDIS_ERROR_DISCONNECTED);
+		check_finish(ck, OUTCOME_DEGRADED);
+		return;
+	}
+	/* The deadline counts from the check's arrival. */
+	deadline_us = ck->ck_config->redis_timeout_us - (mono_us() - ck->ck_start_us);
+	if (deadline_us < 1000)
+		deadline_us = 1000;
+	tv.tv_sec = (time_t)(deadline_us / 1000000);
+	tv.tv_usec = (suseconds_t)(deadline_us % 1000000);
+	event_add(ck->ck_timer, &tv);
+	check_send(ck);
+}
+
+static const char *
+method_name(enum evhttp_cmd_type cmd)
+{
+	switch (cmd) {
+	case EVHTTP_REQ_GET: return "GET";
+	case EVHTTP_REQ_POST: return "POST";
+	case EVHTTP_REQ_HEAD: return "HEAD";
+	case EVHTTP_REQ_PUT: return "PUT";
+	case EVHTTP_REQ_DELETE: return "DELETE";
+	case EVHTTP_REQ_OPTIONS: return "OPTIONS";
+	case EVHTTP_REQ_TRACE: return "TRACE";
+	case EVHTTP_REQ_CONNECT: return "CONNECT";
+	case EVHTTP_REQ_PATCH: return "PATCH";
+	}
+	return "GET";
+}
+
+static const char *
+first_header(struct evkeyvalq *hdrs, const char *a, const char *b)
+{
+	const char *v = evhttp_find_header(hdrs, a);
+
+	return v ? v : evhttp_find_header(hdrs, b);
+}
+
+/* The client IP of the check request itself (peer, XFF, X-Real-IP). */
+static void
+request_client_ip(const struct config *c, struct evhttp_request *req,
+    char *ip, size_t size)
+{
+	struct evkeyvalq *hdrs = evhttp_request_get_input_headers(req);
+	char *peer = NULL;
+	ev_uint16_t port;
+
+	evhttp_connection_get_peer(evhttp_request_get_connection(req), &peer, &port);
+	policy_client_ip(c, peer, evhttp_find_header(hdrs, "X-Forwarded-For"),
+	    evhttp_find_header(hdrs, "X-Real-IP"), ip, size);
+}
+
+void
+check_forward(struct worker *w, struct evhttp_request *req, const char *rest)
+{
+	struct evkeyvalq *hdrs = evhttp_request_get_input_headers(req);
+	struct check *ck = check_get(w, req, 0);
+	char path[POLICY_PATH_MAX], qkey[CHECK_QUERY_KEY_MAX], ip[64];
+	struct check_input in;
+	const char *uri, *key = NULL;
+	size_t keylen = 0;
+
+	uri = first_header(hdrs, "X-Original-URI", "X-Forwarded-Uri");
+	policy_normalize_uri(uri ? uri : rest, path, sizeof(path), &in.query);
+	in.path = path;
+	in.method = first_header(hdrs, "X-Original-Method", "X-Forwarded-Method");
+	if (in.method == NULL)
+		in.method = method_name(evhttp_request_get_command(req));
+	in.host = first_header(hdrs, "X-Forwarded-Host", "Host");
+	request_client_ip(ck->ck_config, req, ip, sizeof(ip));
+	in.ip = ip;
+	in.header = header_lookup;
+	in.header_ctx = hdrs;
+
+	ck->ck_route = policy_match(ck->ck_config, &in);
+	if (ck->ck_route && policy_client_key(ck->ck_route, &in, qkey, sizeof(qkey),
+	    &key, &keylen) == -1)
+		key = NULL;
+	check_run(ck, key, keylen);
+}
+
+/* Case-insensitive header lookup in a JSON object of strings. */
+static const char *
+json_header_lookup(void *ctx, const char *name)
+{
+	const char *k;
+	json_t *v;
+
+	if (ctx == NULL)
+		return NULL;
+	json_object_foreach((json_t *)ctx, k, v)
+		if (strcasecmp(k, name) == 0)
+			return json_string_value(v);
+	return NULL;
+}
+
+static const struct route *
+route_by_name(const struct config *c, const char *name)
+{
+	for (size_t i = 0; i < c->nroutes; i++)
+		if (strcmp(c->routes[i].name, name) == 0)
+			return &c->routes[i];
+	return NULL;
+}
+
+/* Validates the optional string field `name`; -1 after replying 400. */
+static int
+json_opt_string(struct evhttp_request *req, json_t *body, const char *name,
+    const char **out)
+{
+	json_t *v = json_object_get(body, name);
+
+	*out = NULL;
+	if (v == NULL || json_is_null(v))
+		return 0;
+	if (!json_is_string(v)) {
+		http_reply_json_error(req, 400, "field \"%s\" must be a string", name);
+		return -1;
+	}
+	*out = json_string_value(v);
+	return 0;
+}
+
+void
+check_json(struct worker *w, struct evhttp_request *req)
+{
+	static const char *const fields[] = { "method", "path", "host", "ip",
+	    "headers", "cost", "route", "key", NULL };
+	struct evbuffer *buf = evhttp_request_get_input_buffer(req);
+	size_t len = evbuffer_get_length(buf);
+	const struct config *c = w->w_config;
+	char path[POLICY_PATH_MAX], qkey[CHECK_QUERY_KEY_MAX], ip[64];
+	const char *route_name, *key = NULL, *method, *uri, *host, *ipfield, *k;
+	const struct route *route = NULL;
+	const struct limit_set *set = NULL;
+	struct check_input in;
+	json_t *body, *headers, *v, *cost_v;
+	json_error_t err;
+	long long cost = 1;
+	size_t keylen = 0;
+	struct check *ck;
+
+	if (len > HTTP_BODY_MAX) {
+		http_reply_json_error(req, 413, "body is larger than %d bytes", HTTP_BODY_MAX);
+		return;
+	}
+	body = json_loadb((const char *)evbuffer_pullup(buf, (ev_ssize_t)len), len,
+	    JSON_REJECT_DUPLICATES, &err);
+	if (body == NULL) {
+		http_reply_json_error(req, 400, "malformed JSON at line %d column %d: %s",
+		    err.line, err.column, err.text);
+		return;
+	}
+	if (!json_is_object(body)) {
+		http_reply_json_error(req, 400, "body must be a JSON object");
+		goto out;
+	}
+	json_object_foreach(body, k, v) {
+		size_t i;
+
+		for (i = 0; fields[i]; i++)
+			if (strcmp(fields[i], k) == 0)
+				break;
+		if (fields[i] == NULL) {
+			char esc[128];
+
+			log_escape(esc, sizeof(esc), k, strlen(k));
+			http_reply_json_error(req, 400, "unknown field \"%s\"", esc);
+			goto out;
+		}
+	}
+	cost_v = json_object_get(body, "cost");
+	if (cost_v && !json_is_null(cost_v)) {
+		if (!json_is_integer(cost_v)) {
+			http_reply_json_error(req, 400, "field \"cost\" must be an integer");
+			goto out;
+		}
+		cost = json_integer_value(cost_v);
+		if (cost < 1) {
+			http_reply_json_error(req, 400, "field \"cost\" must be at least 1");
+			goto out;
+		}
+	}
+	if (json_opt_string(req, body, "route", &route_name) == -1 ||
+	    json_opt_string(req, body, "key", &key) == -1 ||
+	    json_opt_string(req, body, "method", &method) == -1 ||
+	    json_opt_string(req, body, "path", &uri) == -1 ||
+	    json_opt_string(req, body, "host", &host) == -1 ||
+	    json_opt_string(req, body, "ip", &ipfield) == -1)
+		goto out;
+	headers = json_object_get(body, "headers");
+	if (headers && !json_is_null(headers)) {
+		if (!json_is_object(headers)) {
+			http_reply_json_error(req, 400, "field \"headers\" must be an object");
+			goto out;
+		}
+		json_object_foreach(headers, k, v)
+			if (!json_is_string(v)) {
+				char esc[128];
+
+				log_escape(esc, sizeof(esc), k, strlen(k));
+				http_reply_json_error(req, 400, "field \"headers.%s\" must "
+				    "be a string", esc);
+				goto out;
+			}
+	} else
+		headers = NULL;
+
+	if (route_name) {
+		/* Named directly: the route and the key are given. */
+		if ((route = route_by_name(c, route_name)) == NULL) {
+			char esc[256];
+
+			log_escape(esc, sizeof(esc), route_name, strlen(route_name));
+			http_reply_json_error(req, 400, "field \"route\": unknown route "
+			    "\"%s\"", esc);
+			goto out;
+		}
+		if (key == NULL || key[0] == '\0') {
+			http_reply_json_error(req, 400, "field \"key\" is required with "
+			    "\"route\"");
+			goto out;
+		}
+		keylen = strlen(key);
+	} else {
+		if (ipfield) {
+			if (policy_canonical_ip(ipfield, strlen(ipfield), ip,
+			    sizeof(ip)) == -1) {
+				http_reply_json_error(req, 400, "field \"ip\" is not an "
+				    "IP address");
+				goto out;
+			}
+		} else
+			request_client_ip(c, req, ip, sizeof(ip));
+		policy_normalize_uri(uri ? uri : "/", path, sizeof(path), &in.query);
+		in.path = path;
+		in.method = method ? method : "GET";
+		in.host = host;
+		in.ip = ip;
+		in.header = json_header_lookup;
+		in.header_ctx = headers;
+		route = policy_match(c, &in);
+		if (route && policy_client_key(route, &in, qkey, sizeof(qkey), &key,
+		    &keylen) == -1)
+			key = NULL;
+	}
+	if (route && key) {
+		set = policy_limits(route, key, keylen);
+		if (!set->unlimited && cost > set->max_quota) {
+			http_reply_json_error(req, 400, "field \"cost\": %lld is above "
+			    "the largest quota (%lld) of route %s", cost,
+			    set->max_quota, route->name);
+			goto out;
+		}
+	}
+	ck = check_get(w, req, 1);
+	ck->ck_route = route;
+	ck->ck_set = set;
+	ck->ck_cost = cost;
+	check_run(ck, key, keylen);
+out:
+	json_decref(body);
+}
+
+void
+check_finish_all(struct worker *w)
+{
+	while (w->w_active) {
+		struct check *ck = w->w_active;
+
+		if (ck->ck_phase == CHECK_DELAYED)
+			check_finish(ck, OUTCOME_VERDICT);	/* held: let it pass */
+		else
+			check_finish(ck, OUTCOME_DEGRADED);
+	}
+}

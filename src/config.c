@@ -1,0 +1,1883 @@
+/*
+ * The policy loader. libyaml's event stream is first folded into a small
+ * tree of nodes that keep their marks (so every message can name
+ * FILE:LINE:COL), refusing anchors, aliases, tags and extra documents on the
+ * way; the tree is then walked with per-section key tables. Every error is
+ * collected and loading goes on, so a user sees all the problems of a file
+ * at once; semantic cross-checks (duplicate names, rate sanity) run after.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <yaml.h>
+
+#include "config.h"
+#include "log.h"
+#include "xmalloc.h"
+
+#define US_PER_MS	1000LL
+#define US_PER_S	1000000LL
+#define DURATION_MAX_US	(366LL * 24 * 3600 * US_PER_S)	/* one year */
+#define QUOTA_MAX	1000000000000LL
+#define NAME_MAX_LEN	64
+#define SLIDING_BUCKETS_MAX 1000	/* window/precision: bounds Redis memory */
+#define YAML_DEPTH_MAX	32
+
+enum node_type { NODE_SCALAR, NODE_MAPPING, NODE_SEQUENCE };
+
+/* A YAML node with its position; mappings hold key, value, key, value... */
+struct node {
+	enum node_type	  type;
+	int		  line, col;	/* 1-based */
+	char		 *value;	/* scalars */
+	int		  plain;	/* unquoted scalar: may be null/bool/int */
+	struct node	**items;
+	size_t		  nitems;
+};
+
+/* What a loader pass carries around. */
+struct loader {
+	const char		*path;
+	struct config_errors	*errors;
+	struct config		*config;
+};
+
+static unsigned long config_generation;
+
+static const char *const algorithm_names[ALGORITHM_COUNT] = {
+	"fixed_window", "token_bucket", "sliding_window_log",
+	"sliding_window_counter", "leaky_bucket", "gcra",
+};
+
+static void
+errorf(struct loader *ld, int line, int col, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static void
+errorf(struct loader *ld, int line, int col, const char *fmt, ...)
+{
+	struct config_errors *e = ld->errors;
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	e->lines = xrealloc(e->lines, (e->n + 1) * sizeof(*e->lines));
+	e->lines[e->n++] = xasprintf("%s:%d:%d: %s", ld->path, line, col, msg);
+}
+
+#define node_error(ld, nd, ...) errorf((ld), (nd)->line, (nd)->col, __VA_ARGS__)
+
+void
+config_errors_free(struct config_errors *errors)
+{
+	for (size_t i = 0; i < errors->n; i++)
+		free(errors->lines[i]);
+	free(errors->lines);
+	errors->lines = NULL;
+	errors->n = 0;
+}
+
+/* --- YAML events to nodes --------------------------------------------- */
+
+static void
+node_free(struct node *nd)
+{
+	if (nd == NULL)
+		return;
+	for (size_t i = 0; i < nd->nitems; i++)
+		node_free(nd->items[i]);
+	free(nd->items);
+	free(nd->value);
+	free(nd);
+}
+
+static struct node *
+node_new(enum node_type type, const yaml_mark_t *mark)
+{
+	struct node *nd = xcalloc(1, sizeof(*nd));
+
+	nd->type = type;
+	nd->line = (int)mark->line + 1;
+	nd->col = (int)mark->column + 1;
+	return nd;
+}
+
+static void
+node_append(struct node *parent, struct node *child)
+{
+	parent->items = xrealloc(parent->items,
+	    (parent->nitems + 1) * sizeof(*parent->items));
+	parent->items[parent->nitems++] = child;
+}
+
+/* Reads the next node from the parser; NULL on a syntax error (reported). */
+static struct node *
+yaml_read_node(struct loader *ld, yaml_parser_t *parser, yaml_event_t *first,
+    int depth)
+{
+	struct node *nd = NULL;
+	yaml_event_t ev;
+	const yaml_mark_t *m = &first->start_mark;
+
+	if (depth > YAML_DEPTH_MAX) {
+		errorf(ld, (int)m->line + 1, (int)m->column + 1,
+		    "nesting deeper than %d levels", YAML_DEPTH_MAX);
+		return NULL;
+	}
+	switch (first->type) {
+	case YAML_ALIAS_EVENT:
+		errorf(ld, (int)m->line + 1, (int)m->column + 1,
+		    "aliases are not allowed in a policy file");
+		return NULL;
+	case YAML_SCALAR_EVENT:
+		if (first->data.scalar.anchor || (first->data.scalar.tag &&
+		    first->data.scalar.plain_implicit == 0 &&
+		    first->data.scalar.quoted_implicit == 0)) {
+			errorf(ld, (int)m->line + 1, (int)m->column + 1,
+			    "anchors and tags are not allowed in a policy file");
+			return NULL;
+		}
+		nd = node_new(NODE_SCALAR, m);
+		nd->value = xstrndup((const char *)first->data.scalar.value,
+		    first->data.scalar.length);
+		nd->plain = first->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+		return nd;
+	case YAML_SEQUENCE_START_EVENT:
+	case YAML_MAPPING_START_EVENT: {
+		int is_map = first->type == YAML_MAPPING_START_EVENT;
+		yaml_char_t *anchor = is_map ? first->data.mapping_start.anchor :
+		    first->data.sequence_start.anchor;
+		yaml_char_t *tag = is_map ? first->data.mapping_start.tag :
+		    first->data.sequence_start.tag;
+		int implicit = is_map ? first->data.mapping_start.implicit :
+		    first->data.sequence_start.implicit;
+
+		if (anchor || (tag && !implicit)) {
+			errorf(ld, (int)m->line + 1, (int)m->column + 1,
+			    "anchors and tags are not allowed in a policy file");
+			return NULL;
+		}
+		nd = node_new(is_map ? NODE_MAPPING : NODE_SEQUENCE, m);
+		for (;;) {
+			struct node *child;
+
+			if (!yaml_parser_parse(parser, &ev)) {
+				node_free(nd);
+				return NULL;
+			}
+			if (ev.type == YAML_SEQUENCE_END_EVENT ||
+			    ev.type == YAML_MAPPING_END_EVENT) {
+				yaml_event_delete(&ev);
+				return nd;
+			}
+			child = yaml_read_node(ld, parser, &ev, depth + 1);
+			yaml_event_delete(&ev);
+			if (child == NULL) {
+				node_free(nd);
+				return NULL;
+			}
+			node_append(nd, child);
+		}
+	}
+	default:
+		errorf(ld, (int)m->line + 1, (int)m->column + 1,
+		    "unexpected YAML structure");
+		return NULL;
+	}
+}
+
+static void
+yaml_report_parser_error(struct loader *ld, yaml_parser_t *parser)
+{
+	const yaml_mark_t *m = parser->problem ? &parser->problem_mark :
+	    &parser->context_mark;
+
+	errorf(ld, (int)m->line + 1, (int)m->column + 1, "YAML syntax error: %s%s%s",
+	    parser->problem ? parser->problem : "unknown problem",
+	    parser->context ? " " : "", parser->context ? parser->context : "");
+}
+
+/* Parses the file into one document's root node, or NULL (errors reported). */
+static struct node *
+yaml_load_file(struct loader *ld, FILE *fp)
+{
+	yaml_parser_t parser;
+	yaml_event_t ev;
+	struct node *root = NULL;
+	int ndocs = 0, failed = 0;
+
+	yaml_parser_initialize(&parser);
+	yaml_parser_set_input_file(&parser, fp);
+	for (;;) {
+		if (!yaml_parser_parse(&parser, &ev)) {
+			failed = 1;
+			break;
+		}
+		if (ev.type == YAML_STREAM_END_EVENT) {
+			yaml_event_delete(&ev);
+			break;
+		}
+		if (ev.type == YAML_DOCUMENT_START_EVENT) {
+			if (++ndocs > 1) {
+				errorf(ld, (int)ev.start_mark.line + 1,
+				    (int)ev.start_mark.column + 1,
+				    "only one YAML document is allowed");
+				yaml_event_delete(&ev);
+				failed = 1;
+				break;
+			}
+		} else if (ev.type != YAML_STREAM_START_EVENT &&
+		    ev.type != YAML_DOCUMENT_END_EVENT) {
+			struct node *nd = yaml_read_node(ld, &parser, &ev, 0);
+
+			if (nd == NULL) {
+				yaml_event_delete(&ev);
+				failed = 1;
+				break;
+			}
+			root = nd;
+		}
+		yaml_event_delete(&ev);
+	}
+	if (failed && parser.error != YAML_NO_ERROR)
+		yaml_report_parser_error(ld, &parser);
+	yaml_parser_delete(&parser);
+	if (failed) {
+		node_free(root);
+		return NULL;
+	}
+	return root;
+}
+
+/* --- scalar conversions ----------------------------------------------- */
+
+static int
+node_is_null(const struct node *nd)
+{
+	return nd->type == NODE_SCALAR && nd->plain &&
+	    (nd->value[0] == '\0' || strcmp(nd->value, "~") == 0 ||
+	    strcmp(nd->value, "null") == 0 || strcmp(nd->value, "Null") == 0 ||
+	    strcmp(nd->value, "NULL") == 0);
+}
+
+static const char *
+node_type_name(const struct node *nd)
+{
+	switch (nd->type) {
+	case NODE_MAPPING:
+		return "a mapping";
+	case NODE_SEQUENCE:
+		return "a list";
+	default:
+		return node_is_null(nd) ? "null" : "a scalar";
+	}
+}
+
+static int
+want_scalar(struct loader *ld, const struct node *nd, const char *key)
+{
+	if (nd->type == NODE_SCALAR && !node_is_null(nd))
+		return 0;
+	node_error(ld, nd, "%s: expected a value, got %s", key, node_type_name(nd));
+	return -1;
+}
+
+static int
+get_string(struct loader *ld, const struct node *nd, const char *key, char **out)
+{
+	if (want_scalar(ld, nd, key) == -1)
+		return -1;
+	free(*out);
+	*out = xstrdup(nd->value);
+	return 0;
+}
+
+static int
+get_int(struct loader *ld, const struct node *nd, const char *key,
+    long long min, long long max, long long *out)
+{
+	char *end;
+	long long v;
+
+	if (want_scalar(ld, nd, key) == -1)
+		return -1;
+	errno = 0;
+	v = strtoll(nd->value, &end, 10);
+	if (!nd->plain || end == nd->value || *end != '\0' || errno != 0) {
+		node_error(ld, nd, "%s: expected an integer, got \"%s\"", key, nd->value);
+		return -1;
+	}
+	if (v < min || v > max) {
+		node_error(ld, nd, "%s: %lld is out of range [%lld, %lld]", key, v,
+		    min, max);
+		return -1;
+	}
+	*out = v;
+	return 0;
+}
+
+static int
+get_bool(struct loader *ld, const struct node *nd, const char *key, int *out)
+{
+	if (want_scalar(ld, nd, key) == -1)
+		return -1;
+	if (nd->plain && (strcmp(nd->value, "true") == 0 ||
+	    strcmp(nd->value, "True") == 0 || strcmp(nd->value, "TRUE") == 0)) {
+		*out = 1;
+		return 0;
+	}
+	if (nd->plain && (strcmp(nd->value, "false") == 0 ||
+	    strcmp(nd->value, "False") == 0 || strcmp(nd->value, "FALSE") == 0)) {
+		*out = 0;
+		return 0;
+	}
+	node_error(ld, nd, "%s: expected true or false, got \"%s\"", key, nd->value);
+	return -1;
+}
+
+int
+config_parse_duration(const char *s, long long *us, const char **cause)
+{
+	static const struct { const char *unit; long long us; } units[] = {
+		{ "ms", US_PER_MS }, { "s", US_PER_S }, { "m", 60 * US_PER_S },
+		{ "h", 3600 * US_PER_S }, { "d", 86400 * US_PER_S },
+	};
+	const char *p = s;
+	long long n = 0;
+
+	if (!isdigit((unsigned char)*p)) {
+		*cause = "expected a duration such as 250ms, 1s, 10m, 1h or 1d";
+		return -1;
+	}
+	while (isdigit((unsigned char)*p)) {
+		n = n * 10 + (*p - '0');
+		if (n > DURATION_MAX_US) {
+			*cause = "duration is too long (at most 366d)";
+			return -1;
+		}
+		p++;
+	}
+	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+		if (strcmp(p, units[i].unit) == 0) {
+			if (n > DURATION_MAX_US / units[i].us) {
+				*cause = "duration is too long (at most 366d)";
+				return -1;
+			}
+			*us = n * units[i].us;
+			if (*us == 0) {
+				*cause = "duration must be greater than zero";
+				return -1;
+			}
+			return 0;
+		}
+	}
+	*cause = *p == '\0' ? "duration needs a unit: ms, s, m, h or d" :
+	    "unknown duration unit (use ms, s, m, h or d)";
+	return -1;
+}
+
+int
+config_parse_rate(const char *s, long long *n, long long *period_us,
+    const char **cause)
+{
+	const char *slash = strchr(s, '/');
+	char *end, unit[32];
+
+	if (slash == NULL || slash == s) {
+		*cause = "expected a rate such as \"10/s\", \"600/m\" or \"5/10s\"";
+		return -1;
+	}
+	errno = 0;
+	*n = strtoll(s, &end, 10);
+	if (end != slash || errno != 0 || !isdigit((unsigned char)*s) ||
+	    *n < 1 || *n > QUOTA_MAX) {
+		*cause = "rate count must be an integer from 1 to 10^12";
+		return -1;
+	}
+	slash++;
+	if (isdigit((unsigned char)*slash))
+		return config_parse_duration(slash, period_us, cause);
+	/* A bare unit means one of it: "10/s" is "10/1s". */
+	if (strlen(slash) >= sizeof(unit) - 1) {
+		*cause = "unknown rate unit (use ms, s, m, h or d)";
+		return -1;
+	}
+	snprintf(unit, sizeof(unit), "1%s", slash);
+	if (config_parse_duration(unit, period_us, cause) == -1) {
+		*cause = "unknown rate unit (use ms, s, m, h or d)";
+		return -1;
+	}
+	return 0;
+}
+
+static int
+get_duration(struct loader *ld, const struct node *nd, const char *key,
+    long long *out)
+{
+	const char *cause;
+
+	if (want_scalar(ld, nd, key) == -1)
+		return -1;
+	if (config_parse_duration(nd->value, out, &cause) == -1) {
+		node_error(ld, nd, "%s: \"%s\": %s", key, nd->value, cause);
+		return -1;
+	}
+	return 0;
+}
+
+int
+config_parse_cidr(const char *s, struct cidr *out)
+{
+	char buf[INET6_ADDRSTRLEN + 8], *slash, *end;
+	long bits;
+
+	if (strlen(s) >= sizeof(buf))
+		return -1;
+	strcpy(buf, s);
+	memset(out, 0, sizeof(*out));
+	slash = strchr(buf, '/');
+	if (slash)
+		*slash++ = '\0';
+	if (inet_pton(AF_INET, buf, out->addr) == 1) {
+		out->family = AF_INET;
+		out->bits = 32;
+	} else if (inet_pton(AF_INET6, buf, out->addr) == 1) {
+		out->family = AF_INET6;
+		out->bits = 128;
+	} else
+		return -1;
+	if (slash) {
+		errno = 0;
+		bits = strtol(slash, &end, 10);
+		if (*slash == '\0' || *end != '\0' || errno || bits < 0 ||
+		    bits > out->bits)
+			return -1;
+		out->bits = (int)bits;
+	}
+	return 0;
+}
+
+/* --- mapping walker ---------------------------------------------------- */
+
+/* One key of a mapping section: its name and its handler. */
+struct key_handler {
+	const char *name;
+	int (*fn)(struct loader *, const struct node *, const char *, void *);
+};
+
+/* Dispatches each key of mapping `map` through `table`; unknown keys and
+ * duplicates are errors. `seen` receives a bit per table entry present. */
+static void
+walk_mapping(struct loader *ld, const struct node *map, const char *where,
+    const struct key_handler *table, void *target, unsigned long *seen)
+{
+	*seen = 0;
+	if (map->type != NODE_MAPPING) {
+		node_error(ld, map, "%s: expected a mapping, got %s", where,
+		    node_type_name(map));
+		return;
+	}
+	for (size_t i = 0; i + 1 < map->nitems; i += 2) {
+		const struct node *k = map->items[i], *v = map->items[i + 1];
+		size_t j;
+
+		if (k->type != NODE_SCALAR) {
+			node_error(ld, k, "%s: keys must be plain names", where);
+			continue;
+		}
+		for (j = 0; table[j].name; j++)
+			if (strcmp(table[j].name, k->value) == 0)
+				break;
+		if (table[j].name == NULL) {
+			char known[512] = "";
+
+			for (size_t t = 0; table[t].name; t++) {
+				strncat(known, t ? ", " : "", sizeof(known) - strlen(known) - 1);
+				strncat(known, table[j = t].name, sizeof(known) - strlen(known) - 1);
+			}
+			node_error(ld, k, "%s: unknown key \"%s\" (expected one of: %s)",
+			    where, k->value, known);
+			continue;
+		}
+		if (*seen & (1UL << j)) {
+			node_error(ld, k, "%s: duplicate key \"%s\"", where, k->value);
+			continue;
+		}
+		*seen |= 1UL << j;
+		table[j].fn(ld, v, k->value, target);
+	}
+}
+
+static int
+valid_name(const char *s)
+{
+	size_t n = strlen(s);
+
+	if (n == 0 || n > NAME_MAX_LEN)
+		return 0;
+	for (const char *p = s; *p; p++)
+		if (!isalnum((unsigned char)*p) && *p != '_' && *p != '-' && *p != '.')
+			return 0;
+	return 1;
+}
+
+/* --- server ------------------------------------------------------------- */
+
+static int
+validate_listen(const char *s, const char **cause)
+{
+	const char *colon;
+	char *end;
+	long port;
+
+	if (strncmp(s, "unix:", 5) == 0) {
+		if (s[5] != '/') {
+			*cause = "unix socket path must be absolute (unix:/path)";
+			return -1;
+		}
+		if (strlen(s + 5) >= 108) {
+			*cause = "unix socket path is too long";
+			return -1;
+		}
+		return 0;
+	}
+	if (s[0] == '[') {
+		const char *close = strchr(s, ']');
+		char host[INET6_ADDRSTRLEN];
+		unsigned char tmp[16];
+		size_t hl;
+
+		if (close == NULL || close[1] != ':') {
+			*cause = "expected [ipv6]:port";
+			return -1;
+		}
+		hl = (size_t)(close - s - 1);
+		if (hl >= sizeof(host)) {
+			*cause = "bad IPv6 address";
+			return -1;
+		}
+		memcpy(host, s + 1, hl);
+		host[hl] = '\0';
+		if (inet_pton(AF_INET6, host, tmp) != 1) {
+			*cause = "bad IPv6 address";
+			return -1;
+		}
+		colon = close + 1;
+	} else {
+		colon = strrchr(s, ':');
+		if (colon == NULL || colon == s) {
+			*cause = "expected host:port, [ipv6]:port or unix:/path";
+			return -1;
+		}
+		if (memchr(s, ':', (size_t)(colon - s)) != NULL) {
+			*cause = "IPv6 addresses need brackets: [addr]:port";
+			return -1;
+		}
+	}
+	errno = 0;
+	port = strtol(colon + 1, &end, 10);
+	if (colon[1] == '\0' || *end != '\0' || errno || port < 1 || port > 65535) {
+		*cause = "port must be from 1 to 65535";
+		return -1;
+	}
+	return 0;
+}
+
+static int
+on_address(struct loader *ld, const struct node *nd, const char *key, char **out)
+{
+	const char *cause;
+
+	if (get_string(ld, nd, key, out) == -1)
+		return -1;
+	if (validate_listen(*out, &cause) == -1) {
+		node_error(ld, nd, "%s: \"%s\": %s", key, *out, cause);
+		return -1;
+	}
+	return 0;
+}
+
+static int
+on_listen(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return on_address(ld, nd, key, &((struct config *)t)->listen);
+}
+
+static int
+on_workers(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	struct config *c = t;
+	long long v;
+
+	if (nd->type == NODE_SCALAR && strcmp(nd->value, "auto") == 0) {
+		c->workers = 0;	/* resolved to the core count at startup */
+		return 0;
+	}
+	if (get_int(ld, nd, key, 1, CONFIG_WORKERS_MAX, &v) == -1)
+		return -1;
+	c->workers = (int)v;
+	return 0;
+}
+
+static int
+get_status(struct loader *ld, const struct node *nd, const char *key, int *out)
+{
+	long long v;
+
+	if (get_int(ld, nd, key, 400, 599, &v) == -1)
+		return -1;
+	*out = (int)v;
+	return 0;
+}
+
+static int
+on_deny_status(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return get_status(ld, nd, key, &((struct config *)t)->deny_status);
+}
+
+static int
+on_ietf(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return get_bool(ld, nd, key, &((struct config *)t)->ietf_headers);
+}
+
+static int
+on_idle_timeout(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return get_duration(ld, nd, key, &((struct config *)t)->idle_timeout_us);
+}
+
+static int
+on_drain_timeout(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return get_duration(ld, nd, key, &((struct config *)t)->drain_timeout_us);
+}
+
+static const struct key_handler server_keys[] = {
+	{ "listen", on_listen },
+	{ "workers", on_workers },
+	{ "deny_status", on_deny_status },
+	{ "ietf_headers", on_ietf },
+	{ "idle_timeout", on_idle_timeout },
+	{ "drain_timeout", on_drain_timeout },
+	{ NULL, NULL },
+};
+
+/* --- redis -------------------------------------------------------------- */
+
+static int
+on_redis_address(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return on_address(ld, nd, key, &((struct config *)t)->redis_address);
+}
+
+static int
+on_redis_database(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	long long v;
+
+	if (get_int(ld, nd, key, 0, 65535, &v) == -1)
+		return -1;
+	((struct config *)t)->redis_database = (int)v;
+	return 0;
+}
+
+static int
+on_redis_username(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	struct config *c = t;
+
+	if (node_is_null(nd)) {
+		free(c->redis_username);
+		c->redis_username = NULL;
+		return 0;
+	}
+	return get_string(ld, nd, key, &c->redis_username);
+}
+
+static int
+on_redis_password_env(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	struct config *c = t;
+
+	if (node_is_null(nd)) {
+		free(c->redis_password_env);
+		c->redis_password_env = NULL;
+		return 0;
+	}
+	return get_string(ld, nd, key, &c->redis_password_env);
+}
+
+static int
+on_redis_timeout(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return get_duration(ld, nd, key, &((struct config *)t)->redis_timeout_us);
+}
+
+static int
+on_redis_connect_timeout(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return get_duration(ld, nd, key,
+	    &((struct config *)t)->redis_connect_timeout_us);
+}
+
+static int
+on_key_prefix(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	struct config *c = t;
+
+	if (nd->type == NODE_SCALAR && !node_is_null(nd) &&
+	    (strchr(nd->value, '{') || strchr(nd->value, '}'))) {
+		node_error(ld, nd, "%s: must not contain { or } (the hash tag is ours)", key);
+		return -1;
+	}
+	if (nd->type == NODE_SCALAR && nd->value[0] == '\0' && !nd->plain) {
+		free(c->key_prefix);
+		c->key_prefix = xstrdup("");
+		return 0;
+	}
+	return get_string(ld, nd, key, &c->key_prefix);
+}
+
+static const struct key_handler redis_keys[] = {
+	{ "address", on_redis_address },
+	{ "database", on_redis_database },
+	{ "username", on_redis_username },
+	{ "password_env", on_redis_password_env },
+	{ "timeout", on_redis_timeout },
+	{ "connect_timeout", on_redis_connect_timeout },
+	{ "key_prefix", on_key_prefix },
+	{ NULL, NULL },
+};
+
+/* --- log ---------------------------------------------------------------- */
+
+static int
+get_enum(struct loader *ld, const struct node *nd, const char *key,
+    const char *const *names, int *out)
+{
+	char list[256] = "";
+
+	if (want_scalar(ld, nd, key) == -1)
+		return -1;
+	for (int i = 0; names[i]; i++) {
+		if (strcmp(names[i], nd->value) == 0) {
+			*out = i;
+			return 0;
+		}
+		strncat(list, i ? ", " : "", sizeof(list) - strlen(list) - 1);
+		strncat(list, names[i], sizeof(list) - strlen(list) - 1);
+	}
+	node_error(ld, nd, "%s: \"%s\" is not one of: %s", key, nd->value, list);
+	return -1;
+}
+
+static int
+on_log_level(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	static const char *const names[] = { "error", "warn", "info", "debug", NULL };
+
+	return get_enum(ld, nd, key, names, &((struct config *)t)->log_level);
+}
+
+static int
+on_log_format(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	static const char *const names[] = { "text", "json", NULL };
+
+	return get_enum(ld, nd, key, names, &((struct config *)t)->log_format);
+}
+
+static int
+on_log_access(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return get_bool(ld, nd, key, &((struct config *)t)->log_access);
+}
+
+static const struct key_handler log_keys[] = {
+	{ "level", on_log_level },
+	{ "format", on_log_format },
+	{ "access", on_log_access },
+	{ NULL, NULL },
+};
+
+/* --- limits --------------------------------------------------------------- */
+
+/* A limit as read, before its algorithm's parameters are checked. */
+struct limit_draft {
+	struct limit	 l;
+	const struct node *node;
+	int		 has_algorithm;
+	const struct node *limit_nd, *window_nd, *precision_nd, *rate_nd,
+			 *burst_nd, *delay_nd;
+};
+
+static int
+on_limit_name(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	struct limit_draft *d = t;
+
+	if (get_string(ld, nd, key, &d->l.name) == -1)
+		return -1;
+	if (!valid_name(d->l.name)) {
+		node_error(ld, nd, "%s: \"%s\" must be 1-%d characters of "
+		    "A-Z a-z 0-9 _ - .", key, d->l.name, NAME_MAX_LEN);
+		return -1;
+	}
+	return 0;
+}
+
+static int
+on_limit_algorithm(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	static const char *const names[] = { "fixed_window", "token_bucket",
+	    "sliding_window_log", "sliding_window_counter", "leaky_bucket",
+	    "gcra", NULL };
+	struct limit_draft *d = t;
+	int v;
+
+	if (get_enum(ld, nd, key, names, &v) == -1)
+		return -1;
+	d->l.algorithm = (enum algorithm)v;
+	d->has_algorithm = 1;
+	return 0;
+}
+
+#define DRAFT_NODE(field)						\
+static int								\
+on_limit_##field(struct loader *ld, const struct node *nd,		\
+    const char *key, void *t)						\
+{									\
+	(void)ld; (void)key;						\
+	((struct limit_draft *)t)->field##_nd = nd;			\
+	return 0;							\
+}
+DRAFT_NODE(limit)
+DRAFT_NODE(window)
+DRAFT_NODE(precision)
+DRAFT_NODE(rate)
+DRAFT_NODE(burst)
+DRAFT_NODE(delay)
+
+static const struct key_handler limit_keys[] = {
+	{ "name", on_limit_name },
+	{ "algorithm", on_limit_algorithm },
+	{ "limit", on_limit_limit },
+	{ "window", on_limit_window },
+	{ "precision", on_limit_precision },
+	{ "rate", on_limit_rate },
+	{ "burst", on_limit_burst },
+	{ "delay", on_limit_delay },
+	{ NULL, NULL },
+};
+
+/* Checks the parameters of a limit against its algorithm; 0 when valid. */
+static int
+limit_finish(struct loader *ld, struct limit_draft *d)
+{
+	struct limit *l = &d->l;
+	const char *alg = algorithm_names[l->algorithm];
+	const char *cause;
+	int bad = 0, window_alg = !config_algorithm_is_bucket(l->algorithm);
+
+#define FORBID(field, label)						\
+	if (d->field##_nd) {						\
+		node_error(ld, d->field##_nd, "%s: not a parameter of %s", \
+		    label, alg);					\
+		bad = 1;						\
+	}
+#define REQUIRE(field, label)						\
+	if (d->field##_nd == NULL) {					\
+		node_error(ld, d->node, "limit: %s requires \"%s\"", alg, label); \
+		bad = 1;						\
+	}
+
+	if (window_alg) {
+		REQUIRE(limit, "limit")
+		REQUIRE(window, "window")
+		FORBID(rate, "rate")
+		FORBID(burst, "burst")
+		FORBID(delay, "delay")
+		if (l->algorithm != ALGORITHM_SLIDING_WINDOW_COUNTER)
+			FORBID(precision, "precision")
+		if (d->limit_nd && get_int(ld, d->limit_nd, "limit", 1, QUOTA_MAX,
+		    &l->quota) == -1)
+			bad = 1;
+		if (d->window_nd && get_duration(ld, d->window_nd, "window",
+		    &l->window_us) == -1)
+			bad = 1;
+		if (l->algorithm == ALGORITHM_SLIDING_WINDOW_COUNTER && !bad) {
+			if (d->precision_nd) {
+				if (get_duration(ld, d->precision_nd, "precision",
+				    &l->precision_us) == -1)
+					return -1;
+			} else
+				l->precision_us = l->window_us / 10;
+			if (l->precision_us < US_PER_MS ||
+			    l->window_us % l->precision_us != 0 ||
+			    l->window_us / l->precision_us > SLIDING_BUCKETS_MAX) {
+				errorf(ld, d->precision_nd ? d->precision_nd->line :
+				    d->node->line, d->precision_nd ?
+				    d->precision_nd->col : d->node->col,
+				    "precision: must be at least 1ms, divide the "
+				    "window evenly, and give at most %d buckets",
+				    SLIDING_BUCKETS_MAX);
+				bad = 1;
+			}
+		}
+	} else {
+		REQUIRE(rate, "rate")
+		REQUIRE(burst, "burst")
+		FORBID(limit, "limit")
+		FORBID(window, "window")
+		FORBID(precision, "precision")
+		if (l->algorithm != ALGORITHM_LEAKY_BUCKET)
+			FORBID(delay, "delay")
+		if (d->burst_nd && get_int(ld, d->burst_nd, "burst", 1, QUOTA_MAX,
+		    &l->quota) == -1)
+			bad = 1;
+		if (d->rate_nd) {
+			if (want_scalar(ld, d->rate_nd, "rate") == -1)
+				bad = 1;
+			else if (config_parse_rate(d->rate_nd->value, &l->rate_n,
+			    &l->rate_period_us, &cause) == -1) {
+				node_error(ld, d->rate_nd, "rate: \"%s\": %s",
+				    d->rate_nd->value, cause);
+				bad = 1;
+			}
+		}
+		l->delay = l->algorithm == ALGORITHM_LEAKY_BUCKET;
+		if (d->delay_nd && get_bool(ld, d->delay_nd, "delay", &l->delay) == -1)
+			bad = 1;
+	}
+#undef FORBID
+#undef REQUIRE
+	return bad ? -1 : 0;
+}
+
+static void
+limit_set_free(struct limit_set *set)
+{
+	for (size_t i = 0; i < set->nlimits; i++)
+		free(set->limits[i].name);
+	free(set->limits);
+	set->limits = NULL;
+	set->nlimits = 0;
+}
+
+/* Reads a list of limits into `set`; names default to the algorithm. */
+static int
+parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
+{
+	int bad = 0;
+
+	if (nd->type != NODE_SEQUENCE) {
+		node_error(ld, nd, "limits: expected a list, got %s", node_type_name(nd));
+		return -1;
+	}
+	if (nd->nitems == 0) {
+		node_error(ld, nd, "limits: must not be empty");
+		return -1;
+	}
+	if (nd->nitems > CONFIG_LIMITS_MAX) {
+		node_error(ld, nd, "limits: at most %d limits per route", CONFIG_LIMITS_MAX);
+		return -1;
+	}
+	set->limits = xcalloc(nd->nitems, sizeof(*set->limits));
+	for (size_t i = 0; i < nd->nitems; i++) {
+		struct limit_draft d;
+		unsigned long seen;
+		size_t nerr = ld->errors->n;
+
+		memset(&d, 0, sizeof(d));
+		d.node = nd->items[i];
+		walk_mapping(ld, d.node, "limit", limit_keys, &d, &seen);
+		if (d.node->type != NODE_MAPPING) {
+			bad = 1;
+			continue;
+		}
+		if (!d.has_algorithm) {
+			if (ld->errors->n == nerr)
+				node_error(ld, d.node, "limit: \"algorithm\" is required");
+			free(d.l.name);
+			bad = 1;
+			continue;
+		}
+		if (limit_finish(ld, &d) == -1 || ld->errors->n != nerr) {
+			free(d.l.name);
+			bad = 1;
+			continue;
+		}
+		set->limits[set->nlimits++] = d.l;
+		if (d.l.quota > set->max_quota)
+			set->max_quota = d.l.quota;
+	}
+	/* Unnamed limits: the algorithm, then -2, -3... on repeats. */
+	for (size_t i = 0; i < set->nlimits; i++) {
+		struct limit *l = &set->limits[i];
+		int seq = 1;
+
+		if (l->name)
+			continue;
+		for (size_t j = 0; j < i; j++)
+			if (set->limits[j].algorithm == l->algorithm)
+				seq++;
+		l->name = seq == 1 ? xstrdup(algorithm_names[l->algorithm]) :
+		    xasprintf("%s-%d", algorithm_names[l->algorithm], seq);
+	}
+	for (size_t i = 0; i < set->nlimits; i++)
+		for (size_t j = 0; j < i; j++)
+			if (strcmp(set->limits[i].name, set->limits[j].name) == 0) {
+				node_error(ld, nd, "limits: two limits are named \"%s\"",
+				    set->limits[i].name);
+				bad = 1;
+			}
+	return bad ? -1 : 0;
+}
+
+/* --- routes ------------------------------------------------------------- */
+
+/* A route being read: the route and the nodes checked after the walk. */
+struct route_draft {
+	struct route	 r;
+	struct loader	*ld;
+	const struct node *node, *name_nd, *limits_nd;
+	int		 path_fields;
+};
+
+static int
+on_route_name(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	struct route_draft *d = t;
+
+	d->name_nd = nd;
+	if (get_string(ld, nd, key, &d->r.name) == -1)
+		return -1;
+	if (!valid_name(d->r.name)) {
+		node_error(ld, nd, "%s: \"%s\" must be 1-%d characters of "
+		    "A-Z a-z 0-9 _ - .", key, d->r.name, NAME_MAX_LEN);
+		return -1;
+	}
+	return 0;
+}
+
+static int
+set_path(struct loader *ld, const struct node *nd, const char *key,
+    struct route_draft *d, enum path_match kind)
+{
+	if (++d->path_fields > 1) {
+		node_error(ld, nd, "match: use only one of path, prefix and regex");
+		return -1;
+	}
+	if (get_string(ld, nd, key, &d->r.path) == -1)
+		return -1;
+	d->r.path_kind = kind;
+	if (kind != PATH_REGEX && d->r.path[0] != '/') {
+		node_error(ld, nd, "%s: \"%s\" must start with /", key, d->r.path);
+		return -1;
+	}
+	if (kind == PATH_REGEX) {
+		int rc = regcomp(&d->r.regex, d->r.path, REG_EXTENDED | REG_NOSUB);
+
+		if (rc != 0) {
+			char msg[256];
+
+			regerror(rc, &d->r.regex, msg, sizeof(msg));
+			node_error(ld, nd, "regex: \"%s\": %s", d->r.path, msg);
+			d->r.path_kind = PATH_ANY;
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static int
+on_match_path(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return set_path(ld, nd, key, t, PATH_EXACT);
+}
+
+static int
+on_match_prefix(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return set_path(ld, nd, key, t, PATH_PREFIX);
+}
+
+static int
+on_match_regex(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return set_path(ld, nd, key, t, PATH_REGEX);
+}
+
+static int
+valid_token(const char *s)
+{
+	static const char tchar[] = "!#$%&'*+-.^_`|~";
+
+	if (*s == '\0')
+		return 0;
+	for (; *s; s++)
+		if (!isalnum((unsigned char)*s) && strchr(tchar, *s) == NULL)
+			return 0;
+	return 1;
+}
+
+static int
+on_match_methods(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	struct route_draft *d = t;
+	int bad = 0;
+
+	if (nd->type != NODE_SEQUENCE) {
+		node_error(ld, nd, "%s: expected a list of methods", key);
+		return -1;
+	}
+	d->r.methods = xcalloc(nd->nitems, sizeof(char *));
+	for (size_t i = 0; i < nd->nitems; i++) {
+		char *m = NULL;
+
+		if (get_string(ld, nd->items[i], key, &m) == -1) {
+			bad = 1;
+			continue;
+		}
+		if (!valid_token(m)) {
+			node_error(ld, nd->items[i], "%s: \"%s\" is not an HTTP method",
+			    key, m);
+			free(m);
+			bad = 1;
+			continue;
+		}
+		for (char *p = m; *p; p++)
+			*p = (char)toupper((unsigned char)*p);
+		d->r.methods[d->r.nmethods++] = m;
+	}
+	return bad ? -1 : 0;
+}
+
+static int
+on_match_host(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	struct route_draft *d = t;
+
+	if (get_string(ld, nd, key, &d->r.host) == -1)
+		return -1;
+	for (char *p = d->r.host; *p; p++)
+		*p = (char)tolower((unsigned char)*p);
+	return 0;
+}
+
+static const struct key_handler match_keys[] = {
+	{ "path", on_match_path },
+	{ "prefix", on_match_prefix },
+	{ "regex", on_match_regex },
+	{ "methods", on_match_methods },
+	{ "host", on_match_host },
+	{ NULL, NULL },
+};
+
+static int
+on_route_match(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	unsigned long seen;
+
+	(void)key;
+	walk_mapping(ld, nd, "match", match_keys, t, &seen);
+	return 0;
+}
+
+static int
+parse_key_source(struct loader *ld, const struct node *nd, struct key_source *ks)
+{
+	static const struct { const char *prefix; enum key_source_type type; } named[] = {
+		{ "header:", KEY_HEADER }, { "query:", KEY_QUERY }, { "cookie:", KEY_COOKIE },
+	};
+
+	if (want_scalar(ld, nd, "key") == -1)
+		return -1;
+	memset(ks, 0, sizeof(*ks));
+	if (strcmp(nd->value, "ip") == 0) {
+		ks->type = KEY_IP;
+		return 0;
+	}
+	if (strcmp(nd->value, "global") == 0) {
+		ks->type = KEY_GLOBAL;
+		return 0;
+	}
+	for (size_t i = 0; i < sizeof(named) / sizeof(named[0]); i++) {
+		size_t pl = strlen(named[i].prefix);
+
+		if (strncmp(nd->value, named[i].prefix, pl) == 0) {
+			if (named[i].type == KEY_HEADER ? !valid_token(nd->value + pl) :
+			    nd->value[pl] == '\0') {
+				node_error(ld, nd, "key: \"%s\" needs a valid name after "
+				    "\"%s\"", nd->value, named[i].prefix);
+				return -1;
+			}
+			ks->type = named[i].type;
+			ks->name = xstrdup(nd->value + pl);
+			return 0;
+		}
+	}
+	node_error(ld, nd, "key: \"%s\" is not a key source (ip, header:NAME, "
+	    "query:NAME, cookie:NAME, global)", nd->value);
+	return -1;
+}
+
+static int
+on_route_key(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	struct route_draft *d = t;
+	int bad = 0;
+
+	(void)key;
+	if (nd->type == NODE_SCALAR) {
+		d->r.keys = xcalloc(1, sizeof(*d->r.keys));
+		if (parse_key_source(ld, nd, &d->r.keys[0]) == -1)
+			return -1;
+		d->r.nkeys = 1;
+		return 0;
+	}
+	if (nd->type != NODE_SEQUENCE || nd->nitems == 0) {
+		node_error(ld, nd, "key: expected a key source or a non-empty list of them");
+		return -1;
+	}
+	d->r.keys = xcalloc(nd->nitems, sizeof(*d->r.keys));
+	for (size_t i = 0; i < nd->nitems; i++) {
+		if (parse_key_source(ld, nd->items[i], &d->r.keys[d->r.nkeys]) == -1)
+			bad = 1;
+		else
+			d->r.nkeys++;
+	}
+	return bad ? -1 : 0;
+}
+
+static int
+on_route_missing_key(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	static const char *const names[] = { "deny", "allow", NULL };
+
+	return get_enum(ld, nd, key, names, &((struct route_draft *)t)->r.missing_key_allow);
+}
+
+static int
+on_route_deny_status(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return get_status(ld, nd, key, &((struct route_draft *)t)->r.deny_status);
+}
+
+static int
+get_failure_mode(struct loader *ld, const struct node *nd, const char *key,
+    enum failure_mode *out)
+{
+	static const char *const names[] = { "open", "closed", NULL };
+	int v;
+
+	if (get_enum(ld, nd, key, names, &v) == -1)
+		return -1;
+	*out = (enum failure_mode)v;
+	return 0;
+}
+
+static int
+on_route_failure_mode(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return get_failure_mode(ld, nd, key, &((struct route_draft *)t)->r.failure_mode);
+}
+
+static int
+on_route_shadow(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return get_bool(ld, nd, key, &((struct route_draft *)t)->r.shadow);
+}
+
+static int
+on_route_limits(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	struct route_draft *d = t;
+
+	(void)key;
+	d->limits_nd = nd;
+	return parse_limits(ld, nd, &d->r.limits);
+}
+
+/* An override being read. */
+struct override_draft {
+	struct override	 o;
+	const struct node *limits_nd, *keys_nd;
+	int		 unlimited;
+};
+
+static int
+on_override_keys(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	struct override_draft *d = t;
+	int bad = 0;
+
+	d->keys_nd = nd;
+	if (nd->type != NODE_SEQUENCE || nd->nitems == 0) {
+		node_error(ld, nd, "%s: expected a non-empty list of client keys", key);
+		return -1;
+	}
+	d->o.keys = xcalloc(nd->nitems, sizeof(char *));
+	for (size_t i = 0; i < nd->nitems; i++) {
+		char *k = NULL;
+
+		if (get_string(ld, nd->items[i], key, &k) == -1)
+			bad = 1;
+		else
+			d->o.keys[d->o.nkeys++] = k;
+	}
+	return bad ? -1 : 0;
+}
+
+static int
+on_override_limits(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	struct override_draft *d = t;
+
+	(void)key;
+	d->limits_nd = nd;
+	return parse_limits(ld, nd, &d->o.set);
+}
+
+static int
+on_override_unlimited(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return get_bool(ld, nd, key, &((struct override_draft *)t)->unlimited);
+}
+
+static const struct key_handler override_keys[] = {
+	{ "keys", on_override_keys },
+	{ "limits", on_override_limits },
+	{ "unlimited", on_override_unlimited },
+	{ NULL, NULL },
+};
+
+static void
+override_free(struct override *o)
+{
+	for (size_t i = 0; i < o->nkeys; i++)
+		free(o->keys[i]);
+	free(o->keys);
+	limit_set_free(&o->set);
+}
+
+static int
+on_route_overrides(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	struct route_draft *d = t;
+	int bad = 0;
+
+	if (nd->type != NODE_SEQUENCE) {
+		node_error(ld, nd, "%s: expected a list", key);
+		return -1;
+	}
+	d->r.overrides = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*d->r.overrides));
+	for (size_t i = 0; i < nd->nitems; i++) {
+		struct override_draft od;
+		unsigned long seen;
+		size_t nerr = ld->errors->n;
+
+		memset(&od, 0, sizeof(od));
+		walk_mapping(ld, nd->items[i], "override", override_keys, &od, &seen);
+		if (nd->items[i]->type == NODE_MAPPING && ld->errors->n == nerr) {
+			if (od.keys_nd == NULL)
+				node_error(ld, nd->items[i], "override: \"keys\" is required");
+			else if (od.unlimited && od.limits_nd)
+				node_error(ld, nd->items[i], "override: use either "
+				    "\"limits\" or \"unlimited: true\", not both");
+			else if (!od.unlimited && od.limits_nd == NULL)
+				node_error(ld, nd->items[i], "override: needs \"limits\" "
+				    "or \"unlimited: true\"");
+		}
+		if (ld->errors->n != nerr) {
+			override_free(&od.o);
+			bad = 1;
+			continue;
+		}
+		od.o.set.unlimited = od.unlimited;
+		d->r.overrides[d->r.noverrides++] = od.o;
+	}
+	return bad ? -1 : 0;
+}
+
+static const struct key_handler route_keys[] = {
+	{ "name", on_route_name },
+	{ "match", on_route_match },
+	{ "key", on_route_key },
+	{ "missing_key", on_route_missing_key },
+	{ "deny_status", on_route_deny_status },
+	{ "failure_mode", on_route_failure_mode },
+	{ "shadow", on_route_shadow },
+	{ "limits", on_route_limits },
+	{ "overrides", on_route_overrides },
+	{ NULL, NULL },
+};
+
+static void
+route_free(struct route *r)
+{
+	free(r->name);
+	if (r->path_kind == PATH_REGEX)
+		regfree(&r->regex);
+	free(r->path);
+	for (size_t i = 0; i < r->nmethods; i++)
+		free(r->methods[i]);
+	free(r->methods);
+	free(r->host);
+	for (size_t i = 0; i < r->nkeys; i++)
+		free(r->keys[i].name);
+	free(r->keys);
+	limit_set_free(&r->limits);
+	for (size_t i = 0; i < r->noverrides; i++)
+		override_free(&r->overrides[i]);
+	free(r->overrides);
+}
+
+static int
+on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	struct config *c = t;
+
+	if (nd->type != NODE_SEQUENCE) {
+		node_error(ld, nd, "%s: expected a list of routes", key);
+		return -1;
+	}
+	if (nd->nitems > CONFIG_ROUTES_MAX) {
+		node_error(ld, nd, "%s: at most %d routes", key, CONFIG_ROUTES_MAX);
+		return -1;
+	}
+	c->routes = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*c->routes));
+	for (size_t i = 0; i < nd->nitems; i++) {
+		struct route_draft d;
+		unsigned long seen;
+		size_t nerr = ld->errors->n;
+
+		memset(&d, 0, sizeof(d));
+		d.ld = ld;
+		d.node = nd->items[i];
+		d.r.failure_mode = FAILURE_MODE_INHERIT;
+		walk_mapping(ld, d.node, "route", route_keys, &d, &seen);
+		if (d.node->type == NODE_MAPPING) {
+			if (d.name_nd == NULL)
+				node_error(ld, d.node, "route: \"name\" is required");
+			if (d.limits_nd == NULL)
+				node_error(ld, d.node, "route: \"limits\" is required");
+		}
+		if (d.r.nkeys == 0 && ld->errors->n == nerr) {
+			d.r.keys = xcalloc(1, sizeof(*d.r.keys));
+			d.r.keys[0].type = KEY_IP;
+			d.r.nkeys = 1;
+		}
+		for (size_t j = 0; d.r.name && j < c->nroutes; j++)
+			if (strcmp(c->routes[j].name, d.r.name) == 0)
+				node_error(ld, d.name_nd, "route: duplicate route name "
+				    "\"%s\"", d.r.name);
+		if (ld->errors->n != nerr) {
+			route_free(&d.r);
+			continue;
+		}
+		c->routes[c->nroutes++] = d.r;
+	}
+	return 0;
+}
+
+static int
+on_failure_mode(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return get_failure_mode(ld, nd, key, &((struct config *)t)->failure_mode);
+}
+
+static int
+on_trusted_proxies(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	struct config *c = t;
+	int bad = 0;
+
+	if (nd->type != NODE_SEQUENCE) {
+		node_error(ld, nd, "%s: expected a list of addresses or CIDR ranges", key);
+		return -1;
+	}
+	free(c->trusted_proxies);
+	c->trusted_proxies = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(struct cidr));
+	c->ntrusted_proxies = 0;
+	for (size_t i = 0; i < nd->nitems; i++) {
+		const struct node *it = nd->items[i];
+
+		if (want_scalar(ld, it, key) == -1) {
+			bad = 1;
+			continue;
+		}
+		if (config_parse_cidr(it->value, &c->trusted_proxies[c->ntrusted_proxies]) == -1) {
+			node_error(ld, it, "%s: \"%s\" is not an IP address or CIDR range",
+			    key, it->value);
+			bad = 1;
+			continue;
+		}
+		c->ntrusted_proxies++;
+	}
+	return bad ? -1 : 0;
+}
+
+static int
+on_section(struct loader *ld, const struct node *nd, const char *key,
+    const struct key_handler *table, void *t)
+{
+	unsigned long seen;
+
+	walk_mapping(ld, nd, key, table, t, &seen);
+	return 0;
+}
+
+static int
+on_server(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return on_section(ld, nd, key, server_keys, t);
+}
+
+static int
+on_redis(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return on_section(ld, nd, key, redis_keys, t);
+}
+
+static int
+on_log(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	return on_section(ld, nd, key, log_keys, t);
+}
+
+static const struct key_handler top_keys[] = {
+	{ "server", on_server },
+	{ "redis", on_redis },
+	{ "failure_mode", on_failure_mode },
+	{ "trusted_proxies", on_trusted_proxies },
+	{ "log", on_log },
+	{ "routes", on_routes },
+	{ NULL, NULL },
+};
+
+/* --- the config object -------------------------------------------------- */
+
+static struct config *
+config_defaults(const char *path)
+{
+	struct config *c = xcalloc(1, sizeof(*c));
+
+	atomic_init(&c->refs, 1);
+	c->path = xstrdup(path);
+	c->listen = xstrdup("127.0.0.1:8080");
+	c->workers = 1;
+	c->deny_status = 429;
+	c->idle_timeout_us = 60 * US_PER_S;
+	c->drain_timeout_us = 5 * US_PER_S;
+	c->redis_address = xstrdup("127.0.0.1:6379");
+	c->redis_password_env = xstrdup("REDIS_PASSWORD");
+	c->redis_timeout_us = 50 * US_PER_MS;
+	c->redis_connect_timeout_us = 500 * US_PER_MS;
+	c->key_prefix = xstrdup("rl:");
+	c->failure_mode = FAILURE_MODE_OPEN;
+	c->trusted_proxies = xcalloc(2, sizeof(struct cidr));
+	config_parse_cidr("127.0.0.1/32", &c->trusted_proxies[0]);
+	config_parse_cidr("::1/128", &c->trusted_proxies[1]);
+	c->ntrusted_proxies = 2;
+	c->log_level = LOG_LEVEL_INFO;
+	c->log_format = LOG_FORMAT_TEXT;
+	return c;
+}
+
+static void
+config_free(struct config *c)
+{
+	if (c == NULL)
+		return;
+	free(c->path);
+	free(c->listen);
+	free(c->redis_address);
+	free(c->redis_username);
+	free(c->redis_password_env);
+	if (c->redis_password) {
+		explicit_bzero(c->redis_password, strlen(c->redis_password));
+		free(c->redis_password);
+	}
+	free(c->key_prefix);
+	free(c->trusted_proxies);
+	for (size_t i = 0; i < c->nroutes; i++)
+		route_free(&c->routes[i]);
+	free(c->routes);
+	free(c);
+}
+
+struct config *
+config_ref(struct config *config)
+{
+	atomic_fetch_add_explicit(&config->refs, 1, memory_order_relaxed);
+	return config;
+}
+
+void
+config_unref(struct config *config)
+{
+	if (config && atomic_fetch_sub_explicit(&config->refs, 1,
+	    memory_order_acq_rel) == 1)
+		config_free(config);
+}
+
+struct config *
+config_load(const char *path, struct config_errors *errors)
+{
+	struct loader ld = { path, errors, NULL };
+	struct config *c;
+	struct node *root;
+	unsigned long seen;
+	FILE *fp;
+
+	memset(errors, 0, sizeof(*errors));
+	if ((fp = fopen(path, "r")) == NULL) {
+		errors->lines = xmalloc(sizeof(char *));
+		errors->lines[0] = xasprintf("%s:1:1: cannot open: %s", path,
+		    strerror(errno));
+		errors->n = 1;
+		return NULL;
+	}
+	root = yaml_load_file(&ld, fp);
+	fclose(fp);
+	if (root == NULL) {
+		if (errors->n == 0)
+			errorf(&ld, 1, 1, "the policy file is empty");
+		return NULL;
+	}
+	c = config_defaults(path);
+	ld.config = c;
+	walk_mapping(&ld, root, "policy", top_keys, c, &seen);
+	if (root->type == NODE_MAPPING && !(seen & (1UL << 5)))
+		node_error(&ld, root, "policy: \"routes\" is required");
+	if (c->redis_password_env) {
+		const char *pw = getenv(c->redis_password_env);
+
+		if (pw && *pw)
+			c->redis_password = xstrdup(pw);
+	}
+	node_free(root);
+	if (errors->n > 0) {
+		config_free(c);
+		return NULL;
+	}
+	c->generation = __atomic_add_fetch(&config_generation, 1, __ATOMIC_RELAXED);
+	return c;
+}
+
+/* --- accessors ---------------------------------------------------------- */
+
+const char *
+config_algorithm_name(enum algorithm algorithm)
+{
+	return algorithm_names[algorithm];
+}
+
+int
+config_algorithm_is_bucket(enum algorithm algorithm)
+{
+	return algorithm == ALGORITHM_TOKEN_BUCKET ||
+	    algorithm == ALGORITHM_LEAKY_BUCKET || algorithm == ALGORITHM_GCRA;
+}
+
+long long
+config_limit_window_seconds(const struct limit *l)
+{
+	long long us;
+
+	if (!config_algorithm_is_bucket(l->algorithm))
+		us = l->window_us;
+	else {
+		/* burst / rate = burst * period / n, rounded up */
+		long double v = (long double)l->quota * l->rate_period_us / l->rate_n;
+		us = (long long)v;
+		if ((long double)us < v)
+			us++;
+	}
+	return (us + US_PER_S - 1) / US_PER_S;
+}
+
+enum failure_mode
+config_route_failure_mode(const struct config *config, const struct route *route)
+{
+	return route->failure_mode == FAILURE_MODE_INHERIT ? config->failure_mode :
+	    route->failure_mode;
+}
+
+int
+config_route_deny_status(const struct config *config, const struct route *route)
+{
+	return route->deny_status ? route->deny_status : config->deny_status;
+}
+
+/* --- JSON view ---------------------------------------------------------- */
+
+static json_t *
+duration_json(long long us)
+{
+	char buf[32];
+
+	if (us % US_PER_S == 0)
+		snprintf(buf, sizeof(buf), "%llds", us / US_PER_S);
+	else
+		snprintf(buf, sizeof(buf), "%lldms", us / US_PER_MS);
+	return json_string(buf);
+}
+
+static json_t *
+limits_json(const struct limit_set *set)
+{
+	json_t *arr = json_array();
+
+	for (size_t i = 0; i < set->nlimits; i++) {
+		const struct limit *l = &set->limits[i];
+		json_t *o = json_object();
+
+		json_object_set_new(o, "name", json_string(l->name));
+		json_object_set_new(o, "algorithm", json_string(algorithm_names[l->algorithm]));
+		if (config_algorithm_is_bucket(l->algorithm)) {
+			json_t *period = duration_json(l->rate_period_us);
+			char rate[64];
+
+			snprintf(rate, sizeof(rate), "%lld/%s", l->rate_n,
+			    json_string_value(period));
+			json_decref(period);
+			json_object_set_new(o, "burst", json_integer(l->quota));
+			json_object_set_new(o, "rate", json_string(rate));
+			if (l->algorithm == ALGORITHM_LEAKY_BUCKET)
+				json_object_set_new(o, "delay", json_boolean(l->delay));
+		} else {
+			json_object_set_new(o, "limit", json_integer(l->quota));
+			json_object_set_new(o, "window", duration_json(l->window_us));
+			if (l->algorithm == ALGORITHM_SLIDING_WINDOW_COUNTER)
+				json_object_set_new(o, "precision",
+				    duration_json(l->precision_us));
+		}
+		json_array_append_new(arr, o);
+	}
+	return arr;
+}
+
+static const char *
+key_source_text(const struct key_source *k, char *buf, size_t size)
+{
+	static const char *const prefixes[] = { "ip", "header:", "query:", "cookie:", "global" };
+
+	snprintf(buf, size, "%s%s", prefixes[k->type], k->name ? k->name : "");
+	return buf;
+}
+
+json_t *
+config_to_json(const struct config *c)
+{
+	static const char *const path_kinds[] = { NULL, "path", "prefix", "regex" };
+	static const char *const levels[] = { "error", "warn", "info", "debug" };
+	json_t *root = json_object(), *server = json_object(), *redis = json_object();
+	json_t *proxies = json_array(), *routes = json_array(), *log = json_object();
+	char buf[300];
+
+	json_object_set_new(server, "listen", json_string(c->listen));
+	json_object_set_new(server, "workers", json_integer(c->workers));
+	json_object_set_new(server, "deny_status", json_integer(c->deny_status));
+	json_object_set_new(server, "ietf_headers", json_boolean(c->ietf_headers));
+	json_object_set_new(server, "idle_timeout", duration_json(c->idle_timeout_us));
+	json_object_set_new(server, "drain_timeout", duration_json(c->drain_timeout_us));
+	json_object_set_new(root, "server", server);
+
+	json_object_set_new(redis, "address", json_string(c->redis_address));
+	json_object_set_new(redis, "database", json_integer(c->redis_database));
+	json_object_set_new(redis, "username", c->redis_username ?
+	    json_string(c->redis_username) : json_null());
+	json_object_set_new(redis, "password_env", c->redis_password_env ?
+	    json_string(c->redis_password_env) : json_null());
+	json_object_set_new(redis, "password_set", json_boolean(c->redis_password != NULL));
+	json_object_set_new(redis, "timeout", duration_json(c->redis_timeout_us));
+	json_object_set_new(redis, "connect_timeout",
+	    duration_json(c->redis_connect_timeout_us));
+	json_object_set_new(redis, "key_prefix", json_string(c->key_prefix));
+	json_object_set_new(root, "redis", redis);
+
+	json_object_set_new(root, "failure_mode", json_string(
+	    c->failure_mode == FAILURE_MODE_CLOSED ? "closed" : "open"));
+	for (size_t i = 0; i < c->ntrusted_proxies; i++) {
+		const struct cidr *p = &c->trusted_proxies[i];
+		char addr[INET6_ADDRSTRLEN];
+
+		inet_ntop(p->family, p->addr, addr, sizeof(addr));
+		snprintf(buf, sizeof(buf), "%s/%d", addr, p->bits);
+		json_array_append_new(proxies, json_string(buf));
+	}
+	json_object_set_new(root, "trusted_proxies", proxies);
+	json_object_set_new(log, "level", json_string(levels[c->log_level]));
+	json_object_set_new(log, "format", json_string(c->log_format ? "json" : "text"));
+	json_object_set_new(log, "access", json_boolean(c->log_access));
+	json_object_set_new(root, "log", log);
+
+	for (size_t i = 0; i < c->nroutes; i++) {
+		const struct route *r = &c->routes[i];
+		json_t *o = json_object(), *match = json_object(), *keys = json_array();
+
+		json_object_set_new(o, "name", json_string(r->name));
+		if (r->path_kind != PATH_ANY)
+			json_object_set_new(match, path_kinds[r->path_kind],
+			    json_string(r->path));
+		if (r->nmethods) {
+			json_t *m = json_array();
+
+			for (size_t j = 0; j < r->nmethods; j++)
+				json_array_append_new(m, json_string(r->methods[j]));
+			json_object_set_new(match, "methods", m);
+		}
+		if (r->host)
+			json_object_set_new(match, "host", json_string(r->host));
+		json_object_set_new(o, "match", match);
+		for (size_t j = 0; j < r->nkeys; j++)
+			json_array_append_new(keys, json_string(
+			    key_source_text(&r->keys[j], buf, sizeof(buf))));
+		json_object_set_new(o, "key", keys);
+		json_object_set_new(o, "missing_key", json_string(
+		    r->missing_key_allow ? "allow" : "deny"));
+		json_object_set_new(o, "deny_status",
+		    json_integer(config_route_deny_status(c, r)));
+		json_object_set_new(o, "failure_mode", json_string(
+		    config_route_failure_mode(c, r) == FAILURE_MODE_CLOSED ?
+		    "closed" : "open"));
+		json_object_set_new(o, "shadow", json_boolean(r->shadow));
+		json_object_set_new(o, "limits", limits_json(&r->limits));
+		if (r->noverrides) {
+			json_t *ovs = json_array();
+
+			for (size_t j = 0; j < r->noverrides; j++) {
+				const struct override *ov = &r->overrides[j];
+				json_t *oo = json_object(), *ks = json_array();
+
+				for (size_t k = 0; k < ov->nkeys; k++)
+					json_array_append_new(ks, json_string(ov->keys[k]));
+				json_object_set_new(oo, "keys", ks);
+				if (ov->set.unlimited)
+					json_object_set_new(oo, "unlimited", json_true());
+				else
+					json_object_set_new(oo, "limits", limits_json(&ov->set));
+				json_array_append_new(ovs, oo);
+			}
+			json_object_set_new(o, "overrides", ovs);
+		}
+		json_array_append_new(routes, o);
+	}
+	json_object_set_new(root, "routes", routes);
+	return root;
+}

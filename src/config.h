@@ -1,0 +1,150 @@
+/*
+ * The policy file: its data model, the loader with FILE:LINE:COL errors, and
+ * the reference count that lets a reload swap policies while requests still
+ * hold the old one.
+ */
+#ifndef CONFIG_H
+#define CONFIG_H
+
+#include <regex.h>
+#include <stdatomic.h>
+#include <stddef.h>
+
+#include <jansson.h>
+
+#define CONFIG_LIMITS_MAX	16	/* limits on one route (one script call) */
+#define CONFIG_ROUTES_MAX	1000
+#define CONFIG_WORKERS_MAX	64
+#define CONFIG_KEY_RAW_MAX	256	/* longer client keys are hashed */
+
+enum algorithm {
+	ALGORITHM_FIXED_WINDOW,
+	ALGORITHM_TOKEN_BUCKET,
+	ALGORITHM_SLIDING_WINDOW_LOG,
+	ALGORITHM_SLIDING_WINDOW_COUNTER,
+	ALGORITHM_LEAKY_BUCKET,
+	ALGORITHM_GCRA,
+	ALGORITHM_COUNT
+};
+
+enum failure_mode { FAILURE_MODE_INHERIT = -1, FAILURE_MODE_OPEN, FAILURE_MODE_CLOSED };
+enum key_source_type { KEY_IP, KEY_HEADER, KEY_QUERY, KEY_COOKIE, KEY_GLOBAL };
+enum path_match { PATH_ANY, PATH_EXACT, PATH_PREFIX, PATH_REGEX };
+
+struct limit {
+	char		*name;
+	enum algorithm	 algorithm;
+	long long	 quota;		/* limit (windows) or burst (buckets) */
+	long long	 window_us;	/* window algorithms */
+	long long	 precision_us;	/* sliding_window_counter bucket width */
+	long long	 rate_n;	/* buckets: rate_n units ... */
+	long long	 rate_period_us; /* ... per this many microseconds */
+	int		 delay;		/* leaky_bucket: hold replies (shaping) */
+};
+
+struct limit_set {
+	struct limit	*limits;
+	size_t		 nlimits;
+	int		 unlimited;	/* an override that lifts every limit */
+	long long	 max_quota;	/* largest cost a request may ask for */
+};
+
+struct override {
+	char		**keys;
+	size_t		  nkeys;
+	struct limit_set  set;
+};
+
+struct key_source {
+	enum key_source_type	 type;
+	char			*name;	/* header, query or cookie name */
+};
+
+struct route {
+	char			*name;
+	unsigned		 metric_id;	/* stable across reloads, by name */
+	enum path_match		 path_kind;
+	char			*path;		/* exact path, prefix or regex text */
+	regex_t			 regex;
+	char			**methods;	/* upper case; none = any method */
+	size_t			 nmethods;
+	char			*host;		/* lower case; NULL = any host */
+	struct key_source	*keys;		/* first present wins */
+	size_t			 nkeys;
+	int			 missing_key_allow;
+	int			 deny_status;	/* 0 = server.deny_status */
+	enum failure_mode	 failure_mode;	/* INHERIT = top level */
+	int			 shadow;
+	struct limit_set	 limits;
+	struct override		*overrides;
+	size_t			 noverrides;
+};
+
+struct cidr {
+	int		family;		/* AF_INET or AF_INET6 */
+	unsigned char	addr[16];
+	int		bits;
+};
+
+struct config {
+	atomic_int	 refs;
+	char		*path;
+	unsigned long	 generation;	/* bumps on every successful load */
+
+	char		*listen;
+	int		 workers;
+	int		 deny_status;
+	int		 ietf_headers;
+	long long	 idle_timeout_us;
+	long long	 drain_timeout_us;
+
+	char		*redis_address;
+	int		 redis_database;
+	char		*redis_username;
+	char		*redis_password_env;
+	char		*redis_password;	/* from the environment; never printed */
+	long long	 redis_timeout_us;
+	long long	 redis_connect_timeout_us;
+	char		*key_prefix;
+
+	enum failure_mode failure_mode;
+	struct cidr	*trusted_proxies;
+	size_t		 ntrusted_proxies;
+
+	int		 log_level;		/* enum log_level */
+	int		 log_format;		/* enum log_format */
+	int		 log_access;
+
+	struct route	*routes;
+	size_t		 nroutes;
+};
+
+/* Errors collected while loading, each "FILE:LINE:COL: message". */
+struct config_errors {
+	char	**lines;
+	size_t	  n;
+};
+
+struct config *config_load(const char *path, struct config_errors *errors);
+struct config *config_ref(struct config *config);
+void config_unref(struct config *config);
+void config_errors_free(struct config_errors *errors);
+
+/* The policy in force as JSON, secrets omitted (GET /v1/policy). */
+json_t *config_to_json(const struct config *config);
+
+const char *config_algorithm_name(enum algorithm algorithm);
+int config_algorithm_is_bucket(enum algorithm algorithm);
+/* Seconds shown as the IETF `w` parameter: the window, or burst/rate. */
+long long config_limit_window_seconds(const struct limit *limit);
+enum failure_mode config_route_failure_mode(const struct config *config,
+    const struct route *route);
+int config_route_deny_status(const struct config *config, const struct route *route);
+
+/* Pure parsers, exposed for the unit tests. Return 0 or -1 with *cause. */
+int config_parse_duration(const char *s, long long *us, const char **cause);
+int config_parse_rate(const char *s, long long *n, long long *period_us,
+    const char **cause);
+int config_parse_cidr(const char *s, struct cidr *out);
+
+#endif

@@ -1,0 +1,123 @@
+/*
+ * The deny cache: a direct-mapped table keyed by a 128-bit hash of the
+ * encoded client key, checked against the policy generation and route, so a
+ * reload or another route never reads a stale entry. An entry stays valid
+ * until the latest retry time among the denying limits, all of which must be
+ * of an algorithm whose denial cannot end early.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "denycache.h"
+#include "xmalloc.h"
+
+#define DENYCACHE_SLOTS 1024	/* power of two; entries are ~700 bytes */
+
+struct deny_entry {
+	uint64_t		 h1, h2;
+	unsigned long		 generation;
+	const struct route	*route;
+	long long		 cost;
+	long long		 stored_us;
+	long long		 until_us;
+	struct verdict		 v;
+};
+
+struct denycache {
+	struct deny_entry	 slots[DENYCACHE_SLOTS];
+};
+
+static void
+hash128(const char *s, uint64_t *h1, uint64_t *h2)
+{
+	uint64_t a = 0xcbf29ce484222325ULL, b = 0x9e3779b97f4a7c15ULL;
+
+	for (; *s; s++) {
+		a = (a ^ (unsigned char)*s) * 0x100000001b3ULL;
+		b = (b + (unsigned char)*s) * 0xff51afd7ed558ccdULL;
+		b ^= b >> 32;
+	}
+	*h1 = a;
+	*h2 = b ^ (b >> 29);
+}
+
+static int
+exact_when_denied(enum algorithm a)
+{
+	return a == ALGORITHM_FIXED_WINDOW || a == ALGORITHM_TOKEN_BUCKET ||
+	    a == ALGORITHM_GCRA;
+}
+
+struct denycache *
+denycache_new(void)
+{
+	return xcalloc(1, sizeof(struct denycache));
+}
+
+void
+denycache_free(struct denycache *dc)
+{
+	free(dc);
+}
+
+void
+denycache_put(struct denycache *dc, const struct config *config,
+    const struct route *route, const struct limit_set *set, const char *client,
+    long long cost, const struct verdict *v, long long now_us)
+{
+	long long until_ms = 0;
+	struct deny_entry *e;
+	uint64_t h1, h2;
+
+	for (size_t i = 0; i < v->n; i++) {
+		if (v->r[i].allowed)
+			continue;
+		if (!exact_when_denied(set->limits[i].algorithm))
+			return;
+		if (v->r[i].retry_ms > until_ms)
+			until_ms = v->r[i].retry_ms;
+	}
+	if (until_ms <= 0)
+		return;
+	hash128(client, &h1, &h2);
+	e = &dc->slots[h1 & (DENYCACHE_SLOTS - 1)];
+	e->h1 = h1;
+	e->h2 = h2;
+	e->generation = config->generation;
+	e->route = route;
+	e->cost = cost;
+	e->stored_us = now_us;
+	e->until_us = now_us + until_ms * 1000;
+	e->v = *v;
+}
+
+int
+denycache_get(struct denycache *dc, const struct config *config,
+    const struct route *route, const char *client, long long cost,
+    long long now_us, struct verdict *out)
+{
+	struct deny_entry *e;
+	long long aged_ms;
+	uint64_t h1, h2;
+
+	hash128(client, &h1, &h2);
+	e = &dc->slots[h1 & (DENYCACHE_SLOTS - 1)];
+	if (e->until_us <= now_us || e->h1 != h1 || e->h2 != h2 ||
+	    e->generation != config->generation || e->route != route ||
+	    cost < e->cost)
+		return 0;
+	*out = e->v;
+	aged_ms = (now_us - e->stored_us) / 1000;
+	out->now_ms += aged_ms;
+	out->retry_ms = (e->until_us - now_us + 999) / 1000;
+	for (size_t i = 0; i < out->n; i++) {
+		struct limit_result *r = &out->r[i];
+
+		r->reset_ms = r->reset_ms > aged_ms ? r->reset_ms - aged_ms : 0;
+		r->retry_ms = r->retry_ms > aged_ms ? r->retry_ms - aged_ms : 0;
+		if (!r->allowed && r->retry_ms == 0)
+			r->retry_ms = 1;
+	}
+	return 1;
+}

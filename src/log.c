@@ -1,0 +1,192 @@
+/*
+ * Logging. Every message is formatted into one buffer and written with a
+ * single write(2), so lines from several worker threads never interleave.
+ * Levels are checked before formatting so that disabled debug logging costs
+ * nothing. In JSON mode each line is an object {"ts","level","msg"}.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+
+#define LOG_LINE_MAX 4096
+
+static enum log_level log_level_current = LOG_LEVEL_INFO;
+static enum log_format log_format_current = LOG_FORMAT_TEXT;
+
+
+void
+log_configure(enum log_level level, enum log_format format)
+{
+	log_level_current = level;
+	log_format_current = format;
+}
+
+int
+log_enabled(enum log_level level)
+{
+	return level <= log_level_current;
+}
+
+char *
+log_escape(char *dst, size_t dstsize, const char *src, size_t srclen)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t o = 0;
+
+	if (dstsize == 0)
+		return dst;
+	for (size_t i = 0; i < srclen; i++) {
+		unsigned char c = (unsigned char)src[i];
+		char tmp[4];
+		size_t n;
+
+		if (c == '"' || c == '\\') {
+			tmp[0] = '\\';
+			tmp[1] = (char)c;
+			n = 2;
+		} else if (c < 0x20 || c >= 0x7f) {
+			tmp[0] = '\\';
+			tmp[1] = 'x';
+			tmp[2] = hex[c >> 4];
+			tmp[3] = hex[c & 0xf];
+			n = 4;
+		} else {
+			tmp[0] = (char)c;
+			n = 1;
+		}
+		if (o + n >= dstsize)
+			break;
+		memcpy(dst + o, tmp, n);
+		o += n;
+	}
+	dst[o] = '\0';
+	return dst;
+}
+
+static void
+log_emit(const char *level, const char *msg, const char *err)
+{
+	char line[LOG_LINE_MAX + 256], ts[40];
+	struct timespec now;
+	struct tm tm;
+	int n;
+
+	clock_gettime(CLOCK_REALTIME, &now);
+	gmtime_r(&now.tv_sec, &tm);
+	n = (int)strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(ts + n, sizeof(ts) - (size_t)n, ".%03ldZ", now.tv_nsec / 1000000);
+
+	if (log_format_current == LOG_FORMAT_JSON) {
+		char emsg[LOG_LINE_MAX];
+
+		/* msg is already free of raw untrusted bytes; escape for JSON. */
+		log_escape(emsg, sizeof(emsg), msg, strlen(msg));
+		n = snprintf(line, sizeof(line),
+		    "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"%s%s%s\"}\n",
+		    ts, level, emsg, err ? ": " : "", err ? err : "");
+	} else {
+		n = snprintf(line, sizeof(line), "%s %s %s%s%s\n", ts, level,
+		    msg, err ? ": " : "", err ? err : "");
+	}
+	if (n < 0)
+		return;
+	if ((size_t)n >= sizeof(line)) {
+		n = sizeof(line) - 1;
+		line[n - 1] = '\n';
+	}
+	/* Best effort: a failing stderr must never take the daemon down. */
+	if (write(STDERR_FILENO, line, (size_t)n) < 0)
+		return;
+}
+
+static void
+log_vlog(enum log_level level, const char *label, int with_errno,
+    const char *fmt, va_list ap)
+{
+	char msg[LOG_LINE_MAX];
+	int saved = errno;
+
+	if (level > log_level_current)
+		return;
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	log_emit(label, msg, with_errno ? strerror(saved) : NULL);
+	errno = saved;
+}
+
+void
+log_warn(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vlog(LOG_LEVEL_WARN, "warn", 1, fmt, ap);
+	va_end(ap);
+}
+
+void
+log_warnx(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vlog(LOG_LEVEL_WARN, "warn", 0, fmt, ap);
+	va_end(ap);
+}
+
+void
+log_info(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vlog(LOG_LEVEL_INFO, "info", 0, fmt, ap);
+	va_end(ap);
+}
+
+void
+log_debug(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vlog(LOG_LEVEL_DEBUG, "debug", 0, fmt, ap);
+	va_end(ap);
+}
+
+void
+log_access(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vlog(LOG_LEVEL_ERROR, "access", 0, fmt, ap);
+	va_end(ap);
+}
+
+void
+fatal(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vlog(LOG_LEVEL_ERROR, "fatal", 1, fmt, ap);
+	va_end(ap);
+	exit(1);
+}
+
+void
+fatalx(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vlog(LOG_LEVEL_ERROR, "fatal", 0, fmt, ap);
+	va_end(ap);
+	exit(1);
+}

@@ -1,0 +1,24 @@
+/* Logging to stderr, one line per write(2), text or JSON lines (STYLE 19). */
+#ifndef LOG_H
+#define LOG_H
+
+#include <stddef.h>
+
+enum log_level { LOG_LEVEL_ERROR, LOG_LEVEL_WARN, LOG_LEVEL_INFO, LOG_LEVEL_DEBUG };
+enum log_format { LOG_FORMAT_TEXT, LOG_FORMAT_JSON };
+
+void log_configure(enum log_level level, enum log_format format);
+int log_enabled(enum log_level level);
+void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_warnx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* An access line: already escaped key=value pairs, written at any level. */
+void log_access(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+void fatalx(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+/* Copies untrusted bytes into dst as printable ASCII (\xNN, \", \\), always
+ * NUL-terminated, truncated to fit; returns dst. */
+char *log_escape(char *dst, size_t dstsize, const char *src, size_t srclen);
+
+#endif

@@ -1,0 +1,369 @@
+/*
+ * ratelimitd: command line, startup, signals, policy reloads and shutdown.
+ *
+ * The main thread owns the listening socket and the policy file. It starts
+ * the workers, then waits on its own event base for signals (HUP reloads,
+ * TERM/INT drain) and for changes of the policy file: an inotify watch on
+ * the file's directory catches editors' renames and the Kubernetes
+ * ConfigMap symlink swap, and a once-a-second stat() is the fallback. A
+ * reload parses into a new policy and hands it to the workers only if it
+ * validates; otherwise the old one stays and the errors are logged.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/inotify.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/thread.h>
+
+#include "config.h"
+#include "log.h"
+#include "metrics.h"
+#include "worker.h"
+#include "xmalloc.h"
+
+#define RATELIMITD_VERSION	"0.1.0"
+#define MAIN_LISTEN_BACKLOG	1024
+#define MAIN_POLL_US		1000000	/* stat() fallback for file changes */
+#define MAIN_DEBOUNCE_US	100000	/* let a burst of inotify events settle */
+
+/* The main thread's state. */
+struct env {
+	struct event_base	*base;
+	struct config		*config;	/* the policy in force */
+	struct worker		*workers[CONFIG_WORKERS_MAX];
+	int			 nworkers;
+	int			 listen_fd;
+	char			*unix_path;	/* removed at exit */
+	int			 inotify_fd;
+	struct event		*inotify_ev;
+	struct event		*debounce_ev;
+	struct event		*poll_ev;
+	struct stat		 loaded_stat;	/* of the file last loaded */
+	int			 stopping;
+};
+
+static void
+usage(FILE *fp)
+{
+	fprintf(fp,
+	    "usage: ratelimitd -c FILE      run with this policy file\n"
+	    "       ratelimitd -t -c FILE   validate the policy file and exit\n"
+	    "       ratelimitd -v           print the version\n"
+	    "       ratelimitd -h           print this help\n");
+}
+
+static void
+print_errors(struct config_errors *errors)
+{
+	for (size_t i = 0; i < errors->n; i++)
+		fprintf(stderr, "%s\n", errors->lines[i]);
+}
+
+/* Interns route names for metric labels (stable across reloads). */
+static void
+assign_metric_ids(struct config *c)
+{
+	for (size_t i = 0; i < c->nroutes; i++)
+		c->routes[i].metric_id = metrics_route_id(c->routes[i].name);
+}
+
+static int
+listen_socket(const char *spec, char **unix_path)
+{
+	int fd, one = 1;
+
+	if (strncmp(spec, "unix:", 5) == 0) {
+		struct sockaddr_un sun;
+		struct stat sb;
+
+		memset(&sun, 0, sizeof(sun));
+		sun.sun_family = AF_UNIX;
+		strncpy(sun.sun_path, spec + 5, sizeof(sun.sun_path) - 1);
+		/* A stale socket from a previous run; never remove anything else. */
+		if (lstat(sun.sun_path, &sb) == 0 && S_ISSOCK(sb.st_mode))
+			unlink(sun.sun_path);
+		if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
+		    0)) == -1)
+			fatal("socket");
+		if (bind(fd, (struct sockaddr *)&sun, sizeof(sun)) == -1)
+			fatal("bind %s", spec);
+		*unix_path = xstrdup(sun.sun_path);
+	} else {
+		struct addrinfo hints, *res;
+		char host[256], port[8];
+		const char *colon = strrchr(spec, ':');
+		size_t hl = (size_t)(colon - spec);
+		int rc;
+
+		if (spec[0] == '[') {
+			memcpy(host, spec + 1, hl - 2);
+			host[hl - 2] = '\0';
+		} else {
+			if (hl >= sizeof(host))
+				fatalx("listen %s: host name too long", spec);
+			memcpy(host, spec, hl);
+			host[hl] = '\0';
+		}
+		snprintf(port, sizeof(port), "%s", colon + 1);
+		memset(&hints, 0, sizeof(hints));
+		hints.ai_family = AF_UNSPEC;
+		hints.ai_socktype = SOCK_STREAM;
+		hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+		if ((rc = getaddrinfo(host, port, &hints, &res)) != 0)
+			fatalx("listen %s: %s", spec, gai_strerror(rc));
+		fd = socket(res->ai_family, res->ai_socktype | SOCK_NONBLOCK |
+		    SOCK_CLOEXEC, 0);
+		if (fd == -1)
+			fatal("socket");
+		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+		if (bind(fd, res->ai_addr, res->ai_addrlen) == -1)
+			fatal("bind %s", spec);
+		freeaddrinfo(res);
+	}
+	if (listen(fd, MAIN_LISTEN_BACKLOG) == -1)
+		fatal("listen %s", spec);
+	return fd;
+}
+
+static void
+reload(struct env *env, const char *why)
+{
+	struct config_errors errors;
+	struct config *c;
+
+	c = config_load(env->config->path, &errors);
+	if (c == NULL) {
+		log_warnx("reload (%s) refused; the policy in force stays:", why);
+		for (size_t i = 0; i < errors.n; i++)
+			log_warnx("%s", errors.lines[i]);
+		config_errors_free(&errors);
+		metrics_reload(0);
+		stat(env->config->path, &env->loaded_stat);	/* not again */
+		return;
+	}
+	if (strcmp(c->listen, env->config->listen) != 0 ||
+	    (c->workers != env->config->workers))
+		log_warnx("reload: server.listen and server.workers take effect "
+		    "only on restart");
+	assign_metric_ids(c);
+	log_configure((enum log_level)c->log_level, (enum log_format)c->log_format);
+	for (int i = 0; i < env->nworkers; i++)
+		worker_set_config(env->workers[i], c);
+	config_unref(env->config);
+	env->config = c;
+	stat(c->path, &env->loaded_stat);
+	metrics_reload(1);
+	log_info("reload (%s): policy %s loaded, %zu routes", why, c->path, c->nroutes);
+}
+
+static int
+file_changed(const struct env *env)
+{
+	struct stat sb;
+
+	if (stat(env->config->path, &sb) == -1)
+		return 0;	/* mid-swap or gone: keep the policy in force */
+	return sb.st_dev != env->loaded_stat.st_dev ||
+	    sb.st_ino != env->loaded_stat.st_ino ||
+	    sb.st_size != env->loaded_stat.st_size ||
+	    sb.st_mtim.tv_sec != env->loaded_stat.st_mtim.tv_sec ||
+	    sb.st_mtim.tv_nsec != env->loaded_stat.st_mtim.tv_nsec;
+}
+
+static void
+on_debounce(evutil_socket_t fd, short what, void *arg)
+{
+	struct env *env = arg;
+
+	(void)fd;
+	(void)what;
+	if (!env->stopping && file_changed(env))
+		reload(env, "file changed");
+}
+
+static void
+on_inotify(evutil_socket_t fd, short what, void *arg)
+{
+	struct env *env = arg;
+	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+	struct timeval tv = { 0, MAIN_DEBOUNCE_US };
+
+	(void)what;
+	while (read(fd, buf, sizeof(buf)) > 0)
+		;
+	event_add(env->debounce_ev, &tv);
+}
+
+static void
+on_signal(evutil_socket_t sig, short what, void *arg)
+{
+	struct env *env = arg;
+
+	(void)what;
+	if (sig == SIGHUP) {
+		if (!env->stopping)
+			reload(env, "SIGHUP");
+		return;
+	}
+	if (env->stopping)
+		return;
+	env->stopping = 1;
+	log_info("%s: draining (at most %lld ms)", sig == SIGTERM ? "SIGTERM" :
+	    "SIGINT", env->config->drain_timeout_us / 1000);
+	for (int i = 0; i < env->nworkers; i++)
+		worker_drain(env->workers[i]);
+	event_base_loopexit(env->base, NULL);
+}
+
+static void
+watch_policy_file(struct env *env)
+{
+	char *copy = xstrdup(env->config->path);
+	struct timeval poll = { MAIN_POLL_US / 1000000, MAIN_POLL_US % 1000000 };
+
+	env->debounce_ev = evtimer_new(env->base, on_debounce, env);
+	env->poll_ev = event_new(env->base, -1, EV_PERSIST, on_debounce, env);
+	event_add(env->poll_ev, &poll);
+	env->inotify_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	if (env->inotify_fd == -1 || inotify_add_watch(env->inotify_fd, dirname(copy),
+	    IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_DELETE | IN_ATTRIB |
+	    IN_MODIFY) == -1)
+		log_warn("inotify on the policy directory; polling only");
+	else {
+		env->inotify_ev = event_new(env->base, env->inotify_fd,
+		    EV_READ | EV_PERSIST, on_inotify, env);
+		event_add(env->inotify_ev, NULL);
+	}
+	free(copy);
+}
+
+static int
+run(const char *path)
+{
+	struct env env;
+	struct config_errors errors;
+	struct event *sigs[4];
+	const int signos[4] = { SIGHUP, SIGTERM, SIGINT, 0 };
+	struct sigaction sa;
+
+	memset(&env, 0, sizeof(env));
+	env.inotify_fd = -1;
+	if ((env.config = config_load(path, &errors)) == NULL) {
+		print_errors(&errors);
+		config_errors_free(&errors);
+		return 1;
+	}
+	log_configure((enum log_level)env.config->log_level,
+	    (enum log_format)env.config->log_format);
+	assign_metric_ids(env.config);
+	stat(path, &env.loaded_stat);
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = SIG_IGN;
+	sigaction(SIGPIPE, &sa, NULL);
+	if (evthread_use_pthreads() == -1)
+		fatalx("libevent has no pthreads support");
+	if ((env.base = event_base_new()) == NULL)
+		fatalx("cannot create the event base");
+
+	env.listen_fd = listen_socket(env.config->listen, &env.unix_path);
+	env.nworkers = env.config->workers;
+	if (env.nworkers == 0) {
+		long n = sysconf(_SC_NPROCESSORS_ONLN);
+
+		env.nworkers = n < 1 ? 1 : n > CONFIG_WORKERS_MAX ? CONFIG_WORKERS_MAX : (int)n;
+	}
+	for (int i = 0; i < env.nworkers; i++)
+		env.workers[i] = worker_new(i, env.listen_fd, env.config);
+	for (int i = 0; i < env.nworkers; i++)
+		if (worker_start(env.workers[i]) == -1)
+			fatalx("cannot start worker %d", i);
+	for (int i = 0; signos[i]; i++) {
+		sigs[i] = evsignal_new(env.base, signos[i], on_signal, &env);
+		event_add(sigs[i], NULL);
+	}
+	watch_policy_file(&env);
+	log_info("ratelimitd %s listening on %s with %d worker%s, redis %s, "
+	    "%zu routes", RATELIMITD_VERSION, env.config->listen, env.nworkers,
+	    env.nworkers == 1 ? "" : "s", env.config->redis_address,
+	    env.config->nroutes);
+
+	event_base_dispatch(env.base);
+
+	for (int i = 0; i < env.nworkers; i++)
+		worker_join(env.workers[i]);
+	close(env.listen_fd);
+	if (env.unix_path) {
+		unlink(env.unix_path);
+		free(env.unix_path);
+	}
+	for (int i = 0; signos[i]; i++)
+		event_free(sigs[i]);
+	if (env.inotify_ev)
+		event_free(env.inotify_ev);
+	if (env.inotify_fd != -1)
+		close(env.inotify_fd);
+	event_free(env.debounce_ev);
+	event_free(env.poll_ev);
+	event_base_free(env.base);
+	config_unref(env.config);
+	log_info("stopped");
+	return 0;
+}
+
+int
+main(int argc, char **argv)
+{
+	const char *path = NULL;
+	int test_only = 0, ch;
+
+	while ((ch = getopt(argc, argv, "c:thv")) != -1) {
+		switch (ch) {
+		case 'c':
+			path = optarg;
+			break;
+		case 't':
+			test_only = 1;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		case 'v':
+			printf("ratelimitd %s\n", RATELIMITD_VERSION);
+			return 0;
+		default:
+			usage(stderr);
+			return 1;
+		}
+	}
+	if (path == NULL || optind != argc) {
+		usage(stderr);
+		return 1;
+	}
+	if (test_only) {
+		struct config_errors errors;
+		struct config *c = config_load(path, &errors);
+
+		if (c == NULL) {
+			print_errors(&errors);
+			config_errors_free(&errors);
+			return 1;
+		}
+		printf("%s: ok\n", path);
+		config_unref(c);
+		return 0;
+	}
+	return run(path);
+}

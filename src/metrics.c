@@ -1,0 +1,214 @@
+/*
+ * Metrics. A worker writes only its own struct with relaxed atomic stores
+ * (no lock prefix on the hot path: one writer), and a scrape on any thread
+ * reads every worker's struct with relaxed loads and sums them. Route names
+ * are interned once into a fixed table so a counter's slot never moves,
+ * which is what lets a scrape read it without a lock.
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+
+#include "metrics.h"
+#include "xmalloc.h"
+
+/* Upper bounds in seconds: sub-millisecond checks need fine low buckets. */
+static const double metrics_buckets[] = {
+	0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+	0.1, 0.25, 0.5, 1.0,
+};
+#define NBUCKETS (sizeof(metrics_buckets) / sizeof(metrics_buckets[0]))
+
+typedef atomic_ullong counter_t;
+
+struct metrics {
+	struct metrics	*next;
+	counter_t	 checks[METRICS_ROUTES_MAX][RESULT_COUNT];
+	counter_t	 buckets[NBUCKETS + 1];	/* last is +Inf */
+	counter_t	 duration_ns_sum;
+	counter_t	 redis_errors[REDIS_ERROR_COUNT];
+	atomic_int	 connected;
+	atomic_llong	 in_flight;
+};
+
+static pthread_mutex_t metrics_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct metrics *metrics_all;
+static char *metrics_names[METRICS_ROUTES_MAX];
+static atomic_uint metrics_nnames;
+static counter_t metrics_reloads[2];
+
+static const char *const result_names[RESULT_COUNT] = {
+	"allowed", "denied", "shadow_denied", "failed_open", "failed_closed",
+	"no_route",
+};
+static const char *const error_names[REDIS_ERROR_COUNT] = {
+	"timeout", "disconnected", "error", "noscript",
+};
+
+static void
+bump(counter_t *c, unsigned long long by)
+{
+	atomic_store_explicit(c, atomic_load_explicit(c, memory_order_relaxed) + by,
+	    memory_order_relaxed);
+}
+
+struct metrics *
+metrics_new(void)
+{
+	struct metrics *m = xcalloc(1, sizeof(*m));
+
+	pthread_mutex_lock(&metrics_lock);
+	m->next = metrics_all;
+	metrics_all = m;
+	pthread_mutex_unlock(&metrics_lock);
+	return m;
+}
+
+unsigned
+metrics_route_id(const char *name)
+{
+	unsigned n, id = 0;
+
+	pthread_mutex_lock(&metrics_lock);
+	if (metrics_names[0] == NULL) {
+		metrics_names[0] = xstrdup("");
+		atomic_store(&metrics_nnames, 1);
+	}
+	n = atomic_load(&metrics_nnames);
+	for (unsigned i = 0; i < n; i++)
+		if (strcmp(metrics_names[i], name) == 0) {
+			id = i;
+			goto out;
+		}
+	if (n < METRICS_ROUTES_MAX) {
+		metrics_names[n] = xstrdup(name);
+		atomic_store(&metrics_nnames, n + 1);
+		id = n;
+	}
+	/* Past the table, a route is counted under the empty label. */
+out:
+	pthread_mutex_unlock(&metrics_lock);
+	return id;
+}
+
+void
+metrics_check(struct metrics *m, unsigned route_id, enum check_result r,
+    uint64_t duration_ns)
+{
+	double s = (double)duration_ns / 1e9;
+	size_t b = 0;
+
+	bump(&m->checks[route_id][r], 1);
+	while (b < NBUCKETS && s > metrics_buckets[b])
+		b++;
+	bump(&m->buckets[b], 1);
+	bump(&m->duration_ns_sum, duration_ns);
+}
+
+void
+metrics_redis_error(struct metrics *m, enum redis_error_kind kind)
+{
+	bump(&m->redis_errors[kind], 1);
+}
+
+void
+metrics_set_connected(struct metrics *m, int connected)
+{
+	atomic_store_explicit(&m->connected, connected, memory_order_relaxed);
+}
+
+void
+metrics_in_flight(struct metrics *m, int delta)
+{
+	atomic_store_explicit(&m->in_flight, atomic_load_explicit(&m->in_flight,
+	    memory_order_relaxed) + delta, memory_order_relaxed);
+}
+
+void
+metrics_reload(int ok)
+{
+	atomic_fetch_add(&metrics_reloads[ok ? 0 : 1], 1);
+}
+
+static unsigned long long
+load(counter_t *c)
+{
+	return atomic_load_explicit(c, memory_order_relaxed);
+}
+
+void
+metrics_render(struct evbuffer *out)
+{
+	unsigned long long total, cum = 0, sum_ns = 0, errors[REDIS_ERROR_COUNT] = { 0 };
+	unsigned long long buckets[NBUCKETS + 1] = { 0 };
+	long long in_flight = 0;
+	int connected = 0, nworkers = 0;
+	unsigned n = atomic_load(&metrics_nnames);
+	struct metrics *m;
+
+	pthread_mutex_lock(&metrics_lock);
+	evbuffer_add_printf(out,
+	    "# HELP ratelimitd_checks_total Checks answered, by route and result.\n"
+	    "# TYPE ratelimitd_checks_total counter\n");
+	for (unsigned id = 0; id < n; id++) {
+		for (int r = 0; r < RESULT_COUNT; r++) {
+			total = 0;
+			for (m = metrics_all; m; m = m->next)
+				total += load(&m->checks[id][r]);
+			if (total == 0 && !(id == 0 && r == RESULT_NO_ROUTE))
+				continue;
+			evbuffer_add_printf(out, "ratelimitd_checks_total{route=\"%s\","
+			    "result=\"%s\"} %llu\n", metrics_names[id],
+			    result_names[r], total);
+		}
+	}
+	for (m = metrics_all; m; m = m->next) {
+		for (size_t b = 0; b <= NBUCKETS; b++)
+			buckets[b] += load(&m->buckets[b]);
+		sum_ns += load(&m->duration_ns_sum);
+		for (int k = 0; k < REDIS_ERROR_COUNT; k++)
+			errors[k] += load(&m->redis_errors[k]);
+		connected += atomic_load_explicit(&m->connected, memory_order_relaxed);
+		in_flight += atomic_load_explicit(&m->in_flight, memory_order_relaxed);
+		nworkers++;
+	}
+	pthread_mutex_unlock(&metrics_lock);
+
+	evbuffer_add_printf(out,
+	    "# HELP ratelimitd_check_duration_seconds Time from a check's arrival to its reply.\n"
+	    "# TYPE ratelimitd_check_duration_seconds histogram\n");
+	for (size_t b = 0; b < NBUCKETS; b++) {
+		cum += buckets[b];
+		evbuffer_add_printf(out, "ratelimitd_check_duration_seconds_bucket"
+		    "{le=\"%g\"} %llu\n", metrics_buckets[b], cum);
+	}
+	cum += buckets[NBUCKETS];
+	evbuffer_add_printf(out,
+	    "ratelimitd_check_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
+	    "ratelimitd_check_duration_seconds_sum %.9f\n"
+	    "ratelimitd_check_duration_seconds_count %llu\n",
+	    cum, (double)sum_ns / 1e9, cum);
+	evbuffer_add_printf(out,
+	    "# HELP ratelimitd_redis_errors_total Redis failures seen by checks, by kind.\n"
+	    "# TYPE ratelimitd_redis_errors_total counter\n");
+	for (int k = 0; k < REDIS_ERROR_COUNT; k++)
+		evbuffer_add_printf(out, "ratelimitd_redis_errors_total{kind=\"%s\"} %llu\n",
+		    error_names[k], errors[k]);
+	evbuffer_add_printf(out,
+	    "# HELP ratelimitd_redis_connected 1 when every worker's Redis link is up.\n"
+	    "# TYPE ratelimitd_redis_connected gauge\n"
+	    "ratelimitd_redis_connected %d\n",
+	    nworkers > 0 && connected == nworkers);
+	evbuffer_add_printf(out,
+	    "# HELP ratelimitd_config_reloads_total Policy reloads, by result.\n"
+	    "# TYPE ratelimitd_config_reloads_total counter\n"
+	    "ratelimitd_config_reloads_total{result=\"success\"} %llu\n"
+	    "ratelimitd_config_reloads_total{result=\"error\"} %llu\n",
+	    load(&metrics_reloads[0]), load(&metrics_reloads[1]));
+	evbuffer_add_printf(out,
+	    "# HELP ratelimitd_in_flight Checks waiting for Redis or a shaping delay.\n"
+	    "# TYPE ratelimitd_in_flight gauge\n"
+	    "ratelimitd_in_flight %lld\n", in_flight);
+}

@@ -1,0 +1,39 @@
+/*
+ * Counters for /metrics (SPEC §7). Each worker owns one struct metrics and is
+ * its only writer; a scrape sums all of them. Route labels are interned by
+ * name so counters survive reloads.
+ */
+#ifndef METRICS_H
+#define METRICS_H
+
+#include <stdint.h>
+
+struct evbuffer;
+
+enum check_result {
+	RESULT_ALLOWED, RESULT_DENIED, RESULT_SHADOW_DENIED, RESULT_FAILED_OPEN,
+	RESULT_FAILED_CLOSED, RESULT_NO_ROUTE, RESULT_COUNT
+};
+
+enum redis_error_kind {
+	REDIS_ERROR_TIMEOUT, REDIS_ERROR_DISCONNECTED, REDIS_ERROR_ERROR,
+	REDIS_ERROR_NOSCRIPT, REDIS_ERROR_COUNT
+};
+
+#define METRICS_ROUTES_MAX 1024	/* distinct route names ever seen */
+
+struct metrics;
+
+struct metrics *metrics_new(void);
+/* The id of a route name for labels; 0 is the empty route (no match). */
+unsigned metrics_route_id(const char *name);
+void metrics_check(struct metrics *m, unsigned route_id, enum check_result r,
+    uint64_t duration_ns);
+void metrics_redis_error(struct metrics *m, enum redis_error_kind kind);
+void metrics_set_connected(struct metrics *m, int connected);
+void metrics_in_flight(struct metrics *m, int delta);
+void metrics_reload(int ok);
+/* Appends the Prometheus text exposition of every worker's counters. */
+void metrics_render(struct evbuffer *out);
+
+#endif

@@ -1,0 +1,413 @@
+/*
+ * Route matching, client key resolution and client IP resolution. Everything
+ * here is pure: it reads the policy and the request description and writes
+ * only into buffers the caller owns, so a check allocates nothing here.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <string.h>
+#include <strings.h>
+
+#include "policy.h"
+
+static int
+hexval(int c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+void
+policy_normalize_uri(const char *uri, char *buf, size_t size, const char **query)
+{
+	size_t o = 0;
+	const char *p = uri;
+
+	*query = NULL;
+	if (size < 2) {
+		if (size)
+			buf[0] = '\0';
+		return;
+	}
+	/* An absolute-form URI (http://host/path) keeps only its path. */
+	if (strncasecmp(p, "http://", 7) == 0 || strncasecmp(p, "https://", 8) == 0) {
+		p = strchr(p + 7 + (p[4] == 's' || p[4] == 'S'), '/');
+		if (p == NULL)
+			p = "/";
+	}
+	buf[o++] = '/';
+	for (; *p && *p != '?' && *p != '#' && o < size - 1; p++) {
+		int c = (unsigned char)*p;
+
+		if (c == '%' && hexval(p[1]) >= 0 && hexval(p[2]) >= 0) {
+			int d = hexval(p[1]) * 16 + hexval(p[2]);
+
+			/* %2F stays encoded so it cannot invent a segment; %00 too. */
+			if (d != '/' && d != 0) {
+				c = d;
+				p += 2;
+			}
+		}
+		if (c == '/') {
+			if (buf[o - 1] == '/')
+				continue;	/* merge slashes */
+		}
+		buf[o++] = (char)c;
+		/* Resolve "." and ".." once a segment is complete. */
+		if (c == '/' || p[1] == '\0' || p[1] == '?' || p[1] == '#') {
+			size_t end = c == '/' ? o - 1 : o;
+			size_t start = end;
+
+			while (start > 0 && buf[start - 1] != '/')
+				start--;
+			if (end - start == 1 && buf[start] == '.') {
+				o = start;
+			} else if (end - start == 2 && buf[start] == '.' &&
+			    buf[start + 1] == '.') {
+				o = start > 1 ? start - 1 : 1;
+				while (o > 1 && buf[o - 1] != '/')
+					o--;
+			}
+			if (o == 0)
+				o = 1;
+		}
+	}
+	buf[o] = '\0';
+	while (*p && *p != '?' && *p != '#')
+		p++;
+	if (*p == '?')
+		*query = p + 1;
+}
+
+static int
+host_matches(const char *want, const char *host)
+{
+	size_t wl = strlen(want), hl;
+	const char *colon;
+
+	if (host == NULL)
+		return 0;
+	hl = strlen(host);
+	/* The Host header may carry a port the policy did not name. */
+	if (strchr(want, ':') == NULL && host[0] != '[' &&
+	    (colon = strrchr(host, ':')) != NULL)
+		hl = (size_t)(colon - host);
+	else if (host[0] == '[' && strchr(want, ']') == NULL) {
+		const char *close = strchr(host, ']');
+
+		if (close && want[0] != '[') {
+			host++;
+			hl = (size_t)(close - host);
+		}
+	}
+	if (hl > 0 && host[hl - 1] == '.')
+		hl--;	/* a fully qualified name with its root dot */
+	return hl == wl && strncasecmp(want, host, wl) == 0;
+}
+
+const struct route *
+policy_match(const struct config *config, const struct check_input *in)
+{
+	for (size_t i = 0; i < config->nroutes; i++) {
+		const struct route *r = &config->routes[i];
+
+		switch (r->path_kind) {
+		case PATH_ANY:
+			break;
+		case PATH_EXACT:
+			if (strcmp(r->path, in->path) != 0)
+				continue;
+			break;
+		case PATH_PREFIX:
+			if (strncmp(r->path, in->path, strlen(r->path)) != 0)
+				continue;
+			break;
+		case PATH_REGEX:
+			if (regexec(&r->regex, in->path, 0, NULL, 0) != 0)
+				continue;
+			break;
+		}
+		if (r->nmethods) {
+			size_t j;
+
+			for (j = 0; j < r->nmethods; j++)
+				if (strcasecmp(r->methods[j], in->method) == 0)
+					break;
+			if (j == r->nmethods)
+				continue;
+		}
+		if (r->host && !host_matches(r->host, in->host))
+			continue;
+		return r;
+	}
+	return NULL;
+}
+
+/* Finds NAME=VALUE in a '&'-separated query and percent-decodes VALUE
+ * ('+' is a space) into buf. Returns the length, or -1 when absent or empty. */
+static long
+query_lookup(const char *query, const char *name, char *buf, size_t size)
+{
+	size_t nl = strlen(name);
+	const char *p = query;
+
+	while (p && *p && *p != '#') {
+		const char *end = p + strcspn(p, "&#");
+
+		if ((size_t)(end - p) > nl && strncmp(p, name, nl) == 0 && p[nl] == '=') {
+			size_t o = 0;
+
+			for (const char *v = p + nl + 1; v < end && o < size - 1; v++) {
+				if (*v == '+')
+					buf[o++] = ' ';
+				else if (*v == '%' && v + 2 < end + 0 + 1 &&
+				    hexval(v[1]) >= 0 && hexval(v[2]) >= 0) {
+					buf[o++] = (char)(hexval(v[1]) * 16 + hexval(v[2]));
+					v += 2;
+				} else
+					buf[o++] = *v;
+			}
+			buf[o] = '\0';
+			return o ? (long)o : -1;
+		}
+		p = *end == '&' ? end + 1 : NULL;
+	}
+	return -1;
+}
+
+/* Finds a cookie's value in a Cookie header (name=value; name2=value2). */
+static int
+cookie_lookup(const char *header, const char *name, const char **val, size_t *len)
+{
+	size_t nl = strlen(name);
+	const char *p = header;
+
+	while (p && *p) {
+		const char *end;
+
+		while (*p == ' ' || *p == '\t' || *p == ';')
+			p++;
+		end = p + strcspn(p, ";");
+		if ((size_t)(end - p) > nl && strncmp(p, name, nl) == 0 && p[nl] == '=') {
+			const char *v = p + nl + 1;
+			size_t l = (size_t)(end - v);
+
+			while (l > 0 && (v[l - 1] == ' ' || v[l - 1] == '\t'))
+				l--;
+			if (l >= 2 && v[0] == '"' && v[l - 1] == '"') {
+				v++;
+				l -= 2;
+			}
+			if (l == 0)
+				return -1;
+			*val = v;
+			*len = l;
+			return 0;
+		}
+		p = *end ? end + 1 : NULL;
+	}
+	return -1;
+}
+
+int
+policy_client_key(const struct route *route, const struct check_input *in,
+    char *buf, size_t size, const char **key, size_t *keylen)
+{
+	for (size_t i = 0; i < route->nkeys; i++) {
+		const struct key_source *ks = &route->keys[i];
+		const char *v;
+		long n;
+
+		switch (ks->type) {
+		case KEY_IP:
+			if (in->ip && *in->ip) {
+				*key = in->ip;
+				*keylen = strlen(in->ip);
+				return 0;
+			}
+			break;
+		case KEY_GLOBAL:
+			*key = "*";
+			*keylen = 1;
+			return 0;
+		case KEY_HEADER:
+			v = in->header(in->header_ctx, ks->name);
+			if (v) {
+				size_t l;
+
+				while (*v == ' ' || *v == '\t')
+					v++;
+				l = strlen(v);
+				while (l > 0 && (v[l - 1] == ' ' || v[l - 1] == '\t'))
+					l--;
+				if (l > 0) {
+					*key = v;
+					*keylen = l;
+					return 0;
+				}
+			}
+			break;
+		case KEY_QUERY:
+			if (in->query && (n = query_lookup(in->query, ks->name, buf,
+			    size)) > 0) {
+				*key = buf;
+				*keylen = (size_t)n;
+				return 0;
+			}
+			break;
+		case KEY_COOKIE:
+			v = in->header(in->header_ctx, "Cookie");
+			if (v && cookie_lookup(v, ks->name, key, keylen) == 0)
+				return 0;
+			break;
+		}
+	}
+	return -1;
+}
+
+const struct limit_set *
+policy_limits(const struct route *route, const char *key, size_t keylen)
+{
+	for (size_t i = 0; i < route->noverrides; i++) {
+		const struct override *o = &route->overrides[i];
+
+		for (size_t j = 0; j < o->nkeys; j++)
+			if (strlen(o->keys[j]) == keylen &&
+			    memcmp(o->keys[j], key, keylen) == 0)
+				return &o->set;
+	}
+	return &route->limits;
+}
+
+/* Parses an IP literal (optionally [v6] or with a v4 :port) into family and
+ * bytes. */
+static int
+parse_ip(const char *s, size_t len, int *family, unsigned char addr[16])
+{
+	char buf[INET6_ADDRSTRLEN + 8];
+
+	while (len > 0 && (*s == ' ' || *s == '\t')) {
+		s++;
+		len--;
+	}
+	while (len > 0 && (s[len - 1] == ' ' || s[len - 1] == '\t'))
+		len--;
+	if (len == 0 || len >= sizeof(buf))
+		return -1;
+	if (s[0] == '[') {
+		const char *close = memchr(s, ']', len);
+
+		if (close == NULL)
+			return -1;
+		len = (size_t)(close - s - 1);
+		s++;
+	}
+	memcpy(buf, s, len);
+	buf[len] = '\0';
+	if (inet_pton(AF_INET6, buf, addr) == 1) {
+		/* v4-mapped v6 is the v4 client, as a dual-stack socket reports it */
+		static const unsigned char mapped[12] = { 0,0,0,0,0,0,0,0,0,0,0xff,0xff };
+
+		if (memcmp(addr, mapped, 12) == 0) {
+			memmove(addr, addr + 12, 4);
+			*family = AF_INET;
+		} else
+			*family = AF_INET6;
+		return 0;
+	}
+	/* "1.2.3.4:5678" as some proxies write it */
+	char *colon = strchr(buf, ':');
+	if (colon)
+		*colon = '\0';
+	if (inet_pton(AF_INET, buf, addr) == 1) {
+		*family = AF_INET;
+		return 0;
+	}
+	return -1;
+}
+
+int
+policy_canonical_ip(const char *s, size_t len, char *out, size_t size)
+{
+	unsigned char addr[16];
+	int family;
+
+	if (parse_ip(s, len, &family, addr) == -1)
+		return -1;
+	return inet_ntop(family, addr, out, (socklen_t)size) ? 0 : -1;
+}
+
+static int
+cidr_contains(const struct cidr *c, int family, const unsigned char *addr)
+{
+	int full, rest;
+
+	if (c->family != family)
+		return 0;
+	full = c->bits / 8;
+	rest = c->bits % 8;
+	if (memcmp(c->addr, addr, (size_t)full) != 0)
+		return 0;
+	if (rest) {
+		unsigned char mask = (unsigned char)(0xff << (8 - rest));
+
+		return (c->addr[full] & mask) == (addr[full] & mask);
+	}
+	return 1;
+}
+
+static int
+trusted(const struct config *config, int family, const unsigned char *addr)
+{
+	for (size_t i = 0; i < config->ntrusted_proxies; i++)
+		if (cidr_contains(&config->trusted_proxies[i], family, addr))
+			return 1;
+	return 0;
+}
+
+int
+policy_client_ip(const struct config *config, const char *peer,
+    const char *forwarded_for, const char *real_ip, char *out, size_t size)
+{
+	unsigned char addr[16], best_addr[16];
+	int family, best_family;
+
+	if (peer == NULL || parse_ip(peer, strlen(peer), &family, addr) == -1) {
+		snprintf(out, size, "unix");
+		return -1;
+	}
+	best_family = family;
+	memcpy(best_addr, addr, sizeof(addr));
+	if (!trusted(config, family, addr))
+		goto done;
+	if (forwarded_for && *forwarded_for) {
+		const char *end = forwarded_for + strlen(forwarded_for);
+
+		/* Right to left: the first hop we do not trust is the client. */
+		while (end > forwarded_for) {
+			const char *start = end;
+
+			while (start > forwarded_for && start[-1] != ',')
+				start--;
+			if (parse_ip(start, (size_t)(end - start), &family, addr) == -1)
+				break;	/* garbage: stop at the last good hop */
+			best_family = family;
+			memcpy(best_addr, addr, sizeof(addr));
+			if (!trusted(config, family, addr))
+				break;
+			end = start > forwarded_for ? start - 1 : start;
+		}
+	} else if (real_ip && parse_ip(real_ip, strlen(real_ip), &family, addr) == 0) {
+		best_family = family;
+		memcpy(best_addr, addr, sizeof(addr));
+	}
+done:
+	inet_ntop(best_family, best_addr, out, (socklen_t)size);
+	return 0;
+}

@@ -1,0 +1,52 @@
+/*
+ * Request to route to client key to limits: the pure decisions of a check,
+ * with no I/O, so the unit tests drive them directly.
+ */
+#ifndef POLICY_H
+#define POLICY_H
+
+#include <stddef.h>
+
+#include "config.h"
+
+#define POLICY_PATH_MAX	8192	/* normalized path; longer paths are cut */
+
+/* The original request as the gateway described it. */
+struct check_input {
+	const char	*method;
+	const char	*path;		/* normalized, no query */
+	const char	*query;		/* after '?', raw; NULL when none */
+	const char	*host;		/* NULL when unknown */
+	const char	*ip;		/* the client IP, canonical text */
+	/* Looks up a request header by name (case-insensitive); NULL if absent. */
+	const char	*(*header)(void *ctx, const char *name);
+	void		*header_ctx;
+};
+
+/* Splits a raw URI into a normalized path (percent-decoded except %2F,
+ * merged slashes, dot segments resolved, like nginx before location
+ * matching) written to buf, and a pointer to the raw query inside uri. */
+void policy_normalize_uri(const char *uri, char *buf, size_t size,
+    const char **query);
+
+const struct route *policy_match(const struct config *config,
+    const struct check_input *in);
+
+/* The client key of the route: the first key source present. *key points into
+ * the request or into buf. Returns 0, or -1 when no source is present. */
+int policy_client_key(const struct route *route, const struct check_input *in,
+    char *buf, size_t size, const char **key, size_t *keylen);
+
+/* The limits that apply to this client (an override's, or the route's). */
+const struct limit_set *policy_limits(const struct route *route,
+    const char *key, size_t keylen);
+
+/* The client IP (SPEC §5) as canonical text in out; 0, or -1 if peer is not
+ * an IP address (a unix socket peer), in which case out is "unix". */
+int policy_client_ip(const struct config *config, const char *peer,
+    const char *forwarded_for, const char *real_ip, char *out, size_t size);
+
+/* Canonicalizes an IP literal (v4, v6, [v6]) into out; 0 or -1. */
+int policy_canonical_ip(const char *s, size_t len, char *out, size_t size);
+
+#endif

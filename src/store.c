@@ -1,0 +1,511 @@
+/*
+ * The Redis link. hiredis 0.14.1 gives us an async context and nothing for
+ * time, so three libevent timers do that work: the reconnect timer (capped
+ * exponential backoff, so a dead Redis costs one connect attempt per backoff
+ * step, never one per request), the handshake deadline (TCP connect, AUTH,
+ * SELECT and SCRIPT LOAD must all finish within redis.connect_timeout, or the
+ * attempt is dropped: a paused Redis accepts TCP connections but never
+ * answers), and the stall watchdog (a link that has had calls outstanding
+ * and no reply for STORE_STALL_MIN_US or 4x redis.timeout is dropped, which
+ * fails its pending calls and starts reconnecting).
+ *
+ * hiredis rules we live by: the context may be freed only outside hiredis
+ * callbacks (0.14.1 has no in-callback guard), so callbacks only record state
+ * and drops are done from timers; a failed connect is freed by hiredis
+ * itself after onConnect(REDIS_ERR); pending callbacks get a NULL reply when
+ * the context dies.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <event2/event.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+#include <hiredis/adapters/libevent.h>
+
+#include "config.h"
+#include "limiter.h"
+#include "log.h"
+#include "metrics.h"
+#include "script.h"
+#include "store.h"
+#include "xmalloc.h"
+
+#define STORE_BACKOFF_MIN_US	50000LL		/* first retry after 50 ms */
+#define STORE_BACKOFF_MAX_US	1000000LL	/* never wait more than 1 s */
+#define STORE_STALL_MIN_US	1000000LL
+#define STORE_WATCHDOG_US	100000LL
+#define STORE_REPLY_INTS_MAX	(2 + 5 * CONFIG_LIMITS_MAX)
+
+/* Handshake step names, passed to hiredis as callback data. */
+static char step_auth[] = "AUTH";
+static char step_select[] = "SELECT";
+
+struct store {
+	struct event_base	*st_base;
+	struct metrics		*st_metrics;
+	redisAsyncContext	*st_ac;
+	enum store_state	 st_state;
+	int			 st_tcp_up;	/* onConnect(OK) seen */
+
+	/* settings from the policy; a change means reconnecting */
+	char			*st_address;
+	char			*st_username;
+	char			*st_password;
+	int			 st_database;
+	long long		 st_connect_timeout_us;
+	long long		 st_stall_us;
+
+	char			 st_sha[41];
+	int			 st_script_loading;
+	long long		 st_backoff_us;
+	struct event		*st_retry_ev;	/* reconnect after backoff */
+	struct event		*st_handshake_ev; /* connect deadline */
+	struct event		*st_watchdog_ev; /* stall detection */
+	struct event		*st_drop_ev;	/* deferred drop, outside hiredis */
+
+	size_t			 st_inflight;
+	long long		 st_progress_us; /* last reply or first send */
+	int			 st_logged_down; /* "still down" logged once */
+};
+
+static void store_connect(struct store *);
+static void store_drop(struct store *, const char *);
+
+static long long
+now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static struct timeval
+tv_us(long long us)
+{
+	struct timeval tv = { (time_t)(us / 1000000), (suseconds_t)(us % 1000000) };
+
+	return tv;
+}
+
+const char *
+store_state_name(enum store_state state)
+{
+	static const char *const names[] = { "down", "connecting", "up" };
+
+	return names[state];
+}
+
+static void
+set_state(struct store *st, enum store_state state)
+{
+	st->st_state = state;
+	metrics_set_connected(st->st_metrics, state == STORE_UP);
+}
+
+/* Arms the reconnect timer with the current backoff, then doubles it. */
+static void
+schedule_retry(struct store *st)
+{
+	struct timeval tv = tv_us(st->st_backoff_us);
+
+	set_state(st, STORE_DOWN);
+	st->st_tcp_up = 0;
+	st->st_inflight = 0;
+	event_del(st->st_handshake_ev);
+	event_add(st->st_retry_ev, &tv);
+	st->st_backoff_us *= 2;
+	if (st->st_backoff_us > STORE_BACKOFF_MAX_US)
+		st->st_backoff_us = STORE_BACKOFF_MAX_US;
+}
+
+static void
+on_connect(const redisAsyncContext *ac, int status)
+{
+	struct store *st = ac->data;
+
+	if (st == NULL || st->st_ac != ac)
+		return;
+	if (status != REDIS_OK) {
+		/* hiredis frees the context itself after this callback. */
+		if (!st->st_logged_down)
+			log_warnx("redis %s: connect failed: %s", st->st_address,
+			    ac->errstr[0] ? ac->errstr : "unknown error");
+		st->st_logged_down = 1;
+		st->st_ac = NULL;
+		schedule_retry(st);
+		return;
+	}
+	st->st_tcp_up = 1;
+}
+
+static void
+on_disconnect(const redisAsyncContext *ac, int status)
+{
+	struct store *st = ac->data;
+
+	(void)status;
+	if (st == NULL || st->st_ac != ac)
+		return;
+	log_warnx("redis %s: disconnected%s%s", st->st_address,
+	    ac->errstr[0] ? ": " : "", ac->errstr[0] ? ac->errstr : "");
+	st->st_ac = NULL;
+	schedule_retry(st);
+}
+
+/* AUTH and SELECT replies: an error ends the attempt. */
+static void
+on_handshake_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+	struct store *st = ac->data;
+	redisReply *reply = r;
+
+	(void)privdata;
+	if (reply == NULL || st == NULL || st->st_ac != ac)
+		return;
+	if (reply->type == REDIS_REPLY_ERROR) {
+		/* The message is Redis's own and never contains the password. */
+		log_warnx("redis %s: %s failed: %s", st->st_address,
+		    (const char *)privdata, reply->str);
+		store_drop(st, NULL);
+	}
+}
+
+static void
+on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
+{
+	struct store *st = ac->data;
+	redisReply *reply = r;
+
+	(void)privdata;
+	if (st == NULL || st->st_ac != ac)
+		return;
+	st->st_script_loading = 0;
+	if (reply == NULL)
+		return;
+	if (reply->type != REDIS_REPLY_STRING || reply->len != 40) {
+		log_warnx("redis %s: SCRIPT LOAD failed: %s", st->st_address,
+		    reply->type == REDIS_REPLY_ERROR ? reply->str : "unexpected reply");
+		store_drop(st, NULL);
+		return;
+	}
+	memcpy(st->st_sha, reply->str, 40);
+	st->st_sha[40] = '\0';
+	if (st->st_state != STORE_UP) {
+		event_del(st->st_handshake_ev);
+		st->st_backoff_us = STORE_BACKOFF_MIN_US;
+		st->st_progress_us = now_us();
+		if (st->st_logged_down || log_enabled(LOG_LEVEL_DEBUG))
+			log_info("redis %s: connected", st->st_address);
+		st->st_logged_down = 0;
+		set_state(st, STORE_UP);
+	}
+}
+
+static void
+load_script(struct store *st)
+{
+	if (st->st_script_loading || st->st_ac == NULL)
+		return;
+	if (redisAsyncCommand(st->st_ac, on_script_loaded, NULL, "SCRIPT LOAD %s",
+	    script_source) == REDIS_OK)
+		st->st_script_loading = 1;
+}
+
+static void
+store_connect(struct store *st)
+{
+	redisAsyncContext *ac;
+	struct timeval tv = tv_us(st->st_connect_timeout_us);
+
+	if (strncmp(st->st_address, "unix:", 5) == 0)
+		ac = redisAsyncConnectUnix(st->st_address + 5);
+	else {
+		char host[256];
+		const char *colon = strrchr(st->st_address, ':');
+		size_t hl = (size_t)(colon - st->st_address);
+
+		if (st->st_address[0] == '[') {
+			memcpy(host, st->st_address + 1, hl - 2);
+			host[hl - 2] = '\0';
+		} else {
+			memcpy(host, st->st_address, hl < sizeof(host) ? hl : sizeof(host) - 1);
+			host[hl < sizeof(host) ? hl : sizeof(host) - 1] = '\0';
+		}
+		ac = redisAsyncConnect(host, atoi(colon + 1));
+	}
+	if (ac == NULL || ac->err) {
+		if (!st->st_logged_down)
+			log_warnx("redis %s: connect failed: %s", st->st_address,
+			    ac ? ac->errstr : "out of memory");
+		st->st_logged_down = 1;
+		if (ac)
+			redisAsyncFree(ac);
+		schedule_retry(st);
+		return;
+	}
+	ac->data = st;
+	st->st_ac = ac;
+	st->st_tcp_up = 0;
+	st->st_script_loading = 0;
+	redisLibeventAttach(ac, st->st_base);
+	redisAsyncSetConnectCallback(ac, on_connect);
+	redisAsyncSetDisconnectCallback(ac, on_disconnect);
+	redisEnableKeepAlive(&ac->c);
+	set_state(st, STORE_CONNECTING);
+	/* hiredis queues these until the socket is writable. */
+	if (st->st_password) {
+		if (st->st_username)
+			redisAsyncCommand(ac, on_handshake_reply, step_auth,
+			    "AUTH %s %s", st->st_username, st->st_password);
+		else
+			redisAsyncCommand(ac, on_handshake_reply, step_auth,
+			    "AUTH %s", st->st_password);
+	}
+	if (st->st_database)
+		redisAsyncCommand(ac, on_handshake_reply, step_select,
+		    "SELECT %d", st->st_database);
+	load_script(st);
+	event_add(st->st_handshake_ev, &tv);
+}
+
+/* Frees the context from outside hiredis: now if safe, else deferred. */
+static void
+store_drop(struct store *st, const char *why)
+{
+	if (why)
+		log_warnx("redis %s: %s; reconnecting", st->st_address, why);
+	event_active(st->st_drop_ev, EV_TIMEOUT, 0);
+}
+
+static void
+on_drop(evutil_socket_t fd, short what, void *arg)
+{
+	struct store *st = arg;
+	redisAsyncContext *ac = st->st_ac;
+
+	(void)fd;
+	(void)what;
+	if (ac == NULL)
+		return;
+	st->st_ac = NULL;
+	schedule_retry(st);
+	/* Runs every pending callback with NULL, so the calls fail now. */
+	redisAsyncFree(ac);
+}
+
+static void
+on_retry(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	store_connect(arg);
+}
+
+static void
+on_handshake_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct store *st = arg;
+
+	(void)fd;
+	(void)what;
+	if (st->st_state != STORE_CONNECTING || st->st_ac == NULL)
+		return;
+	if (!st->st_logged_down)
+		log_warnx("redis %s: no answer within connect_timeout", st->st_address);
+	st->st_logged_down = 1;
+	on_drop(-1, 0, st);
+}
+
+static void
+on_watchdog(evutil_socket_t fd, short what, void *arg)
+{
+	struct store *st = arg;
+
+	(void)fd;
+	(void)what;
+	if (st->st_state == STORE_UP && st->st_inflight > 0 &&
+	    now_us() - st->st_progress_us > st->st_stall_us) {
+		log_warnx("redis %s: no reply for %lld ms with %zu calls pending; "
+		    "dropping the link", st->st_address,
+		    (now_us() - st->st_progress_us) / 1000, st->st_inflight);
+		st->st_logged_down = 1;
+		on_drop(-1, 0, st);
+	}
+}
+
+static void
+on_eval_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+	struct store_call *call = privdata;
+	struct store *st = call->sc_store;
+	redisReply *reply = r;
+	struct store_result res;
+	long long ints[STORE_REPLY_INTS_MAX];
+
+	memset(&res, 0, sizeof(res));
+	if (st->st_ac == ac && st->st_inflight > 0) {
+		st->st_inflight--;
+		st->st_progress_us = now_us();
+	}
+	if (reply == NULL) {
+		res.status = STORE_DISCONNECTED;
+		metrics_redis_error(st->st_metrics, REDIS_ERROR_DISCONNECTED);
+	} else if (reply->type == REDIS_REPLY_ERROR) {
+		if (strncmp(reply->str, "NOSCRIPT", 8) == 0) {
+			res.status = STORE_NOSCRIPT;
+			metrics_redis_error(st->st_metrics, REDIS_ERROR_NOSCRIPT);
+			load_script(st);
+		} else {
+			res.status = STORE_ERROR;
+			res.error = reply->str;
+			metrics_redis_error(st->st_metrics, REDIS_ERROR_ERROR);
+		}
+	} else if (reply->type == REDIS_REPLY_ARRAY &&
+	    reply->elements <= STORE_REPLY_INTS_MAX) {
+		res.status = STORE_OK;
+		for (size_t i = 0; i < reply->elements; i++) {
+			if (reply->element[i]->type != REDIS_REPLY_INTEGER) {
+				res.status = STORE_ERROR;
+				res.error = "script reply is not integers";
+				break;
+			}
+			ints[i] = reply->element[i]->integer;
+		}
+		res.ints = ints;
+		res.nints = reply->elements;
+		if (res.status == STORE_ERROR)
+			metrics_redis_error(st->st_metrics, REDIS_ERROR_ERROR);
+	} else {
+		res.status = STORE_ERROR;
+		res.error = "unexpected script reply";
+		metrics_redis_error(st->st_metrics, REDIS_ERROR_ERROR);
+	}
+	call->sc_cb(call->sc_arg, &res);
+}
+
+int
+store_eval(struct store *st, struct limiter_command *cmd,
+    struct store_call *call, store_cb cb, void *arg)
+{
+	if (st->st_state != STORE_UP || st->st_ac == NULL) {
+		metrics_redis_error(st->st_metrics, REDIS_ERROR_DISCONNECTED);
+		return -1;
+	}
+	call->sc_store = st;
+	call->sc_cb = cb;
+	call->sc_arg = arg;
+	if (redisAsyncCommandArgv(st->st_ac, on_eval_reply, call, cmd->argc,
+	    cmd->argv, cmd->argvlen) != REDIS_OK) {
+		metrics_redis_error(st->st_metrics, REDIS_ERROR_DISCONNECTED);
+		return -1;
+	}
+	if (st->st_inflight++ == 0)
+		st->st_progress_us = now_us();
+	return 0;
+}
+
+enum store_state
+store_state(const struct store *st)
+{
+	return st->st_state;
+}
+
+const char *
+store_script_sha(const struct store *st)
+{
+	return st->st_sha;
+}
+
+static int
+str_differs(const char *a, const char *b)
+{
+	if (a == NULL || b == NULL)
+		return a != b;
+	return strcmp(a, b) != 0;
+}
+
+static void
+replace(char **dst, const char *src)
+{
+	if (*dst) {
+		explicit_bzero(*dst, strlen(*dst));
+		free(*dst);
+	}
+	*dst = src ? xstrdup(src) : NULL;
+}
+
+void
+store_configure(struct store *st, const struct config *c)
+{
+	int changed = str_differs(st->st_address, c->redis_address) ||
+	    str_differs(st->st_username, c->redis_username) ||
+	    str_differs(st->st_password, c->redis_password) ||
+	    st->st_database != c->redis_database;
+
+	st->st_connect_timeout_us = c->redis_connect_timeout_us;
+	st->st_stall_us = c->redis_timeout_us * 4;
+	if (st->st_stall_us < STORE_STALL_MIN_US)
+		st->st_stall_us = STORE_STALL_MIN_US;
+	if (!changed)
+		return;
+	replace(&st->st_address, c->redis_address);
+	replace(&st->st_username, c->redis_username);
+	replace(&st->st_password, c->redis_password);
+	st->st_database = c->redis_database;
+	st->st_backoff_us = STORE_BACKOFF_MIN_US;
+	if (st->st_ac) {
+		redisAsyncContext *ac = st->st_ac;
+
+		st->st_ac = NULL;
+		redisAsyncFree(ac);
+	}
+	event_del(st->st_retry_ev);
+	store_connect(st);
+}
+
+struct store *
+store_new(struct event_base *base, const struct config *config,
+    struct metrics *metrics)
+{
+	struct store *st = xcalloc(1, sizeof(*st));
+	struct timeval wd = tv_us(STORE_WATCHDOG_US);
+
+	st->st_base = base;
+	st->st_metrics = metrics;
+	st->st_backoff_us = STORE_BACKOFF_MIN_US;
+	st->st_retry_ev = evtimer_new(base, on_retry, st);
+	st->st_handshake_ev = evtimer_new(base, on_handshake_timeout, st);
+	st->st_drop_ev = event_new(base, -1, 0, on_drop, st);
+	st->st_watchdog_ev = event_new(base, -1, EV_PERSIST, on_watchdog, st);
+	event_add(st->st_watchdog_ev, &wd);
+	set_state(st, STORE_DOWN);
+	store_configure(st, config);
+	return st;
+}
+
+void
+store_free(struct store *st)
+{
+	if (st == NULL)
+		return;
+	if (st->st_ac) {
+		redisAsyncContext *ac = st->st_ac;
+
+		st->st_ac = NULL;
+		redisAsyncFree(ac);
+	}
+	set_state(st, STORE_DOWN);
+	event_free(st->st_retry_ev);
+	event_free(st->st_handshake_ev);
+	event_free(st->st_drop_ev);
+	event_free(st->st_watchdog_ev);
+	replace(&st->st_address, NULL);
+	replace(&st->st_username, NULL);
+	replace(&st->st_password, NULL);
+	free(st);
+}

@@ -1,0 +1,56 @@
+/*
+ * A worker: one event-loop thread with its own HTTP server on the shared
+ * listening socket, its own Redis link, metrics and deny cache. Workers
+ * share nothing mutable but the policy (swapped by reference) and read-only
+ * metric names. The main thread talks to a worker only through
+ * worker_set_config and worker_drain, which are thread-safe.
+ */
+#ifndef WORKER_H
+#define WORKER_H
+
+#include <pthread.h>
+
+#include "limiter.h"
+
+struct config;
+struct check;
+struct denycache;
+
+struct worker {
+	int			 w_id;
+	pthread_t		 w_thread;
+	struct event_base	*w_base;
+	struct evhttp		*w_http;
+	struct evconnlistener	*w_listener;
+	struct evhttp_bound_socket *w_bound;
+	struct event		*w_accept_retry_ev; /* re-enable after EMFILE */
+	struct store		*w_store;
+	struct metrics		*w_metrics;
+	struct denycache	*w_denycache;
+	struct config		*w_config;	/* the policy new checks use */
+
+	pthread_mutex_t		 w_lock;	/* guards w_next_config */
+	struct config		*w_next_config;	/* handed over by main */
+	struct event		*w_config_ev;
+	struct event		*w_drain_ev;
+	struct event		*w_drain_timer_ev;
+	int			 w_draining;
+
+	struct check		*w_free_checks;	/* pool: no malloc per check */
+	struct check		*w_active;	/* in flight, for drain */
+	size_t			 w_nactive;
+	struct limiter_command	 w_cmd;		/* reused for every call */
+};
+
+struct worker *worker_new(int id, int listen_fd, struct config *config);
+int worker_start(struct worker *w);
+/* Hands a new policy to the worker (takes a reference). Thread-safe. */
+void worker_set_config(struct worker *w, struct config *config);
+/* Stops accepting, finishes checks up to drain_timeout, exits the loop. */
+void worker_drain(struct worker *w);
+void worker_join(struct worker *w);
+
+/* Called by the check module when its last active check is done. */
+void worker_check_done(struct worker *w);
+
+#endif
