@@ -423,7 +423,7 @@ check_send(struct check *ck)
 
 /* From a resolved route and client key to a reply or a pending call. */
 static void
-check_run(struct check *ck, const char *key, size_t keylen)
+check_run(struct check *ck, const char *key, size_t keylen, int global)
 {
 	struct worker *w = ck->ck_worker;
 	long long deadline_us;
@@ -440,7 +440,10 @@ check_run(struct check *ck, const char *key, size_t keylen)
 	}
 	if (ck->ck_json && ck->ck_raw_key == NULL)
 		ck->ck_raw_key = xstrndup(key, keylen);
-	limiter_encode_client(key, keylen, ck->ck_client);
+	if (global)
+		strcpy(ck->ck_client, "*");
+	else
+		limiter_encode_client(key, keylen, ck->ck_client);
 	if (ck->ck_set == NULL)
 		ck->ck_set = policy_limits(ck->ck_route, key, keylen);
 	if (ck->ck_set->unlimited) {
@@ -515,6 +518,7 @@ check_forward(struct worker *w, struct evhttp_request *req, const char *rest)
 	struct check_input in;
 	const char *uri, *key = NULL;
 	size_t keylen = 0;
+	int rc = -1;
 
 	uri = first_header(hdrs, "X-Original-URI", "X-Forwarded-Uri");
 	policy_normalize_uri(uri ? uri : rest, path, sizeof(path), &in.query);
@@ -529,10 +533,10 @@ check_forward(struct worker *w, struct evhttp_request *req, const char *rest)
 	in.header_ctx = hdrs;
 
 	ck->ck_route = policy_match(ck->ck_config, &in);
-	if (ck->ck_route && policy_client_key(ck->ck_route, &in, qkey, sizeof(qkey),
-	    &key, &keylen) == -1)
+	if (ck->ck_route && (rc = policy_client_key(ck->ck_route, &in, qkey,
+	    sizeof(qkey), &key, &keylen)) == -1)
 		key = NULL;
-	check_run(ck, key, keylen);
+	check_run(ck, key, keylen, rc == 1);
 }
 
 /* Case-insensitive header lookup in a JSON object of strings. */
@@ -594,6 +598,7 @@ check_json(struct worker *w, struct evhttp_request *req)
 	json_error_t err;
 	long long cost = 1;
 	size_t keylen = 0;
+	int global = 0;
 	struct check *ck;
 
 	if (len > HTTP_BODY_MAX) {
@@ -696,8 +701,8 @@ check_json(struct worker *w, struct evhttp_request *req)
 		in.header = json_header_lookup;
 		in.header_ctx = headers;
 		route = policy_match(c, &in);
-		if (route && policy_client_key(route, &in, qkey, sizeof(qkey), &key,
-		    &keylen) == -1)
+		if (route && (global = policy_client_key(route, &in, qkey,
+		    sizeof(qkey), &key, &keylen)) == -1)
 			key = NULL;
 	}
 	if (route && key) {
@@ -713,7 +718,7 @@ check_json(struct worker *w, struct evhttp_request *req)
 	ck->ck_route = route;
 	ck->ck_set = set;
 	ck->ck_cost = cost;
-	check_run(ck, key, keylen);
+	check_run(ck, key, keylen, global == 1);
 out:
 	json_decref(body);
 }

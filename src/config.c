@@ -1450,6 +1450,8 @@ static int
 on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 {
 	struct config *c = t;
+	char **names;
+	size_t nnames = 0;
 
 	if (nd->type != NODE_SEQUENCE) {
 		node_error(ld, nd, "%s: expected a list of routes", key);
@@ -1460,6 +1462,8 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 		return -1;
 	}
 	c->routes = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*c->routes));
+	/* Names of every route read so far, valid or not, for duplicates. */
+	names = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*names));
 	for (size_t i = 0; i < nd->nitems; i++) {
 		struct route_draft d;
 		unsigned long seen;
@@ -1481,16 +1485,21 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 			d.r.keys[0].type = KEY_IP;
 			d.r.nkeys = 1;
 		}
-		for (size_t j = 0; d.r.name && j < c->nroutes; j++)
-			if (strcmp(c->routes[j].name, d.r.name) == 0)
+		for (size_t j = 0; d.r.name && j < nnames; j++)
+			if (strcmp(names[j], d.r.name) == 0)
 				node_error(ld, d.name_nd, "route: duplicate route name "
 				    "\"%s\"", d.r.name);
+		if (d.r.name)
+			names[nnames++] = xstrdup(d.r.name);
 		if (ld->errors->n != nerr) {
 			route_free(&d.r);
 			continue;
 		}
 		c->routes[c->nroutes++] = d.r;
 	}
+	for (size_t j = 0; j < nnames; j++)
+		free(names[j]);
+	free(names);
 	return 0;
 }
 

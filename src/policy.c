@@ -235,7 +235,7 @@ policy_client_key(const struct route *route, const struct check_input *in,
 		case KEY_GLOBAL:
 			*key = "*";
 			*keylen = 1;
-			return 0;
+			return 1;
 		case KEY_HEADER:
 			v = in->header(in->header_ctx, ks->name);
 			if (v) {

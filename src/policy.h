@@ -33,7 +33,9 @@ const struct route *policy_match(const struct config *config,
     const struct check_input *in);
 
 /* The client key of the route: the first key source present. *key points into
- * the request or into buf. Returns 0, or -1 when no source is present. */
+ * the request or into buf. Returns 0, 1 for the route-wide `global` key
+ * (Redis names it "*", which no encoded client key can be), or -1 when no
+ * source is present. */
 int policy_client_key(const struct route *route, const struct check_input *in,
     char *buf, size_t size, const char **key, size_t *keylen);
 

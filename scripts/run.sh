@@ -1,0 +1,34 @@
+#!/bin/sh
+# `make run`: runs the daemon in the foreground with the given policy, first
+# starting a local redis-server if nothing answers on the policy's Redis
+# address. The Redis it started is stopped when the daemon exits.
+set -eu
+policy=${1:-conf/ratelimitd.yaml}
+# redis.address from the policy (host:port); unix sockets are left to the user.
+addr=$(awk '/^redis:/{r=1;next} /^[^ #]/{r=0} r && $1=="address:"{print $2; exit}' "$policy" | tr -d '"'"'")
+addr=${addr:-127.0.0.1:6379}
+host=${addr%:*}; port=${addr##*:}
+redis_pid=""
+case "$addr" in
+unix:*) ;;
+*)
+	if ! redis-cli -h "$host" -p "$port" ping >/dev/null 2>&1; then
+		echo "run: no Redis on $addr; starting redis-server on port $port (data not saved)"
+		redis-server --bind "$host" --port "$port" --save '' --appendonly no \
+			--logfile "" >/dev/null &
+		redis_pid=$!
+		i=0
+		until redis-cli -h "$host" -p "$port" ping >/dev/null 2>&1; do
+			i=$((i + 1)); [ $i -gt 50 ] && { echo "run: redis-server did not start"; exit 1; }
+			sleep 0.1
+		done
+	fi ;;
+esac
+cleanup() { [ -n "$redis_pid" ] && kill "$redis_pid" 2>/dev/null; true; }
+trap cleanup EXIT INT TERM
+echo "run: build/ratelimitd -c $policy (Ctrl-C stops it)"
+build/ratelimitd -c "$policy" &
+daemon=$!
+trap 'kill -TERM $daemon 2>/dev/null' INT TERM
+wait $daemon || true
+wait $daemon 2>/dev/null || true

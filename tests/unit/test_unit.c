@@ -1,0 +1,563 @@
+/*
+ * Unit tests for the pure modules: durations and rates, the policy loader
+ * and its error positions, path normalization, route and key resolution,
+ * client IP, Redis key encoding, reply parsing and header values, and the
+ * deny cache. A {name, fn} table; the last line is "N passed, N failed".
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "denycache.h"
+#include "limiter.h"
+#include "policy.h"
+#include "sha256.h"
+
+static int failures;
+
+#define CHECK(cond) do {						\
+	if (!(cond)) {							\
+		fprintf(stderr, "  %s:%d: CHECK(%s) failed\n", __FILE__, __LINE__, #cond); \
+		failures++;						\
+	}								\
+} while (0)
+#define CHECK_STR(a, b) do {						\
+	const char *a_ = (a), *b_ = (b);				\
+	if (a_ == NULL || b_ == NULL || strcmp(a_, b_) != 0) {		\
+		fprintf(stderr, "  %s:%d: \"%s\" != \"%s\"\n", __FILE__, __LINE__, \
+		    a_ ? a_ : "(null)", b_ ? b_ : "(null)");		\
+		failures++;						\
+	}								\
+} while (0)
+
+static char tmpdir[] = "/tmp/ratelimitd-unit-XXXXXX";
+static char name_burst[] = "burst", name_hourly[] = "hourly";
+
+/* Writes text to a temp policy file and returns its path (static buffer). */
+static const char *
+write_policy(const char *text)
+{
+	static char path[256];
+	static int n;
+	FILE *fp;
+
+	snprintf(path, sizeof(path), "%s/p%d.yaml", tmpdir, n++);
+	fp = fopen(path, "w");
+	fputs(text, fp);
+	fclose(fp);
+	return path;
+}
+
+static struct config *
+load(const char *text, struct config_errors *errors)
+{
+	return config_load(write_policy(text), errors);
+}
+
+/* Loads text expecting failure; returns the number of errors. */
+static size_t
+load_errors(const char *text, struct config_errors *errors)
+{
+	struct config *c = load(text, errors);
+
+	CHECK(c == NULL);
+	config_unref(c);
+	return errors->n;
+}
+
+static int
+has_error(const struct config_errors *e, const char *pos, const char *needle)
+{
+	for (size_t i = 0; i < e->n; i++) {
+		const char *colon = strstr(e->lines[i], ".yaml:");
+
+		if (colon && strncmp(colon + 6, pos, strlen(pos)) == 0 &&
+		    strstr(e->lines[i], needle))
+			return 1;
+	}
+	for (size_t i = 0; i < e->n; i++)
+		fprintf(stderr, "    got: %s\n", e->lines[i]);
+	return 0;
+}
+
+static void
+test_durations(void)
+{
+	long long us, n, p;
+	const char *cause;
+
+	CHECK(config_parse_duration("250ms", &us, &cause) == 0 && us == 250000);
+	CHECK(config_parse_duration("1s", &us, &cause) == 0 && us == 1000000);
+	CHECK(config_parse_duration("10m", &us, &cause) == 0 && us == 600000000);
+	CHECK(config_parse_duration("1h", &us, &cause) == 0 && us == 3600000000LL);
+	CHECK(config_parse_duration("2d", &us, &cause) == 0 && us == 172800000000LL);
+	CHECK(config_parse_duration("10x", &us, &cause) == -1);
+	CHECK(config_parse_duration("10", &us, &cause) == -1);
+	CHECK(config_parse_duration("s", &us, &cause) == -1);
+	CHECK(config_parse_duration("0s", &us, &cause) == -1);
+	CHECK(config_parse_duration("-1s", &us, &cause) == -1);
+	CHECK(config_parse_duration("1.5s", &us, &cause) == -1);
+	CHECK(config_parse_duration("99999999999999999999d", &us, &cause) == -1);
+	CHECK(config_parse_rate("10/s", &n, &p, &cause) == 0 && n == 10 && p == 1000000);
+	CHECK(config_parse_rate("600/m", &n, &p, &cause) == 0 && n == 600 && p == 60000000);
+	CHECK(config_parse_rate("5/10s", &n, &p, &cause) == 0 && n == 5 && p == 10000000);
+	CHECK(config_parse_rate("1/250ms", &n, &p, &cause) == 0 && n == 1 && p == 250000);
+	CHECK(config_parse_rate("10", &n, &p, &cause) == -1);
+	CHECK(config_parse_rate("0/s", &n, &p, &cause) == -1);
+	CHECK(config_parse_rate("/s", &n, &p, &cause) == -1);
+	CHECK(config_parse_rate("10/x", &n, &p, &cause) == -1);
+	CHECK(config_parse_rate("a/s", &n, &p, &cause) == -1);
+}
+
+static void
+test_cidr(void)
+{
+	struct cidr c;
+
+	CHECK(config_parse_cidr("10.0.0.0/8", &c) == 0 && c.bits == 8);
+	CHECK(config_parse_cidr("127.0.0.1", &c) == 0 && c.bits == 32);
+	CHECK(config_parse_cidr("::1/128", &c) == 0 && c.bits == 128);
+	CHECK(config_parse_cidr("10.0.0.0/33", &c) == -1);
+	CHECK(config_parse_cidr("nope", &c) == -1);
+	CHECK(config_parse_cidr("10.0.0.0/", &c) == -1);
+}
+
+static const char *good_policy =
+    "server:\n"
+    "  listen: 127.0.0.1:8080\n"
+    "  workers: 2\n"
+    "  ietf_headers: true\n"
+    "redis:\n"
+    "  address: 127.0.0.1:6379\n"
+    "  username: ~\n"
+    "  timeout: 50ms\n"
+    "failure_mode: open\n"
+    "trusted_proxies: [127.0.0.1/32, 10.0.0.0/8]\n"
+    "routes:\n"
+    "  - name: login\n"
+    "    match: { path: /auth/login, methods: [post] }\n"
+    "    key: ip\n"
+    "    limits:\n"
+    "      - { name: per-minute, algorithm: sliding_window_log, limit: 5, window: 1m }\n"
+    "  - name: api\n"
+    "    match: { prefix: /api/, host: API.example.com }\n"
+    "    key: [header:X-Api-Key, query:key, cookie:sid, ip]\n"
+    "    deny_status: 403\n"
+    "    failure_mode: closed\n"
+    "    limits:\n"
+    "      - { algorithm: token_bucket, rate: \"10/s\", burst: 20 }\n"
+    "      - { algorithm: token_bucket, rate: \"1/s\", burst: 5 }\n"
+    "      - { name: hourly, algorithm: fixed_window, limit: 1000, window: 1h }\n"
+    "    overrides:\n"
+    "      - { keys: [partner-1], limits: [ { algorithm: gcra, rate: \"100/s\", burst: 50 } ] }\n"
+    "      - { keys: [internal], unlimited: true }\n"
+    "  - name: versioned\n"
+    "    match: { regex: '^/v[0-9]+/' }\n"
+    "    key: global\n"
+    "    limits:\n"
+    "      - { algorithm: sliding_window_counter, limit: 100, window: 1m }\n"
+    "      - { algorithm: leaky_bucket, rate: \"5/s\", burst: 10, delay: false }\n"
+    "  - name: default\n"
+    "    match: { prefix: / }\n"
+    "    shadow: true\n"
+    "    limits:\n"
+    "      - { algorithm: fixed_window, limit: 100, window: 1m }\n";
+
+static void
+test_config_good(void)
+{
+	struct config_errors e;
+	struct config *c = load(good_policy, &e);
+	const struct route *api;
+
+	CHECK(c != NULL);
+	if (c == NULL) {
+		for (size_t i = 0; i < e.n; i++)
+			fprintf(stderr, "    %s\n", e.lines[i]);
+		config_errors_free(&e);
+		return;
+	}
+	CHECK(c->workers == 2 && c->ietf_headers == 1 && c->nroutes == 4);
+	CHECK(c->redis_timeout_us == 50000 && c->redis_username == NULL);
+	CHECK(c->ntrusted_proxies == 2);
+	api = &c->routes[1];
+	CHECK_STR(api->limits.limits[0].name, "token_bucket");
+	CHECK_STR(api->limits.limits[1].name, "token_bucket-2");
+	CHECK(api->limits.max_quota == 1000);
+	CHECK(api->deny_status == 403 && api->failure_mode == FAILURE_MODE_CLOSED);
+	CHECK_STR(api->host, "api.example.com");
+	CHECK(api->nkeys == 4 && api->keys[1].type == KEY_QUERY);
+	CHECK(api->noverrides == 2 && api->overrides[1].set.unlimited);
+	CHECK_STR(c->routes[0].methods[0], "POST");
+	CHECK(c->routes[2].limits.limits[0].precision_us == 6000000);
+	CHECK(c->routes[2].limits.limits[1].delay == 0);
+	CHECK(c->routes[3].shadow && c->routes[3].keys[0].type == KEY_IP);
+	CHECK(config_limit_window_seconds(&api->limits.limits[0]) == 2);
+	CHECK(config_route_deny_status(c, &c->routes[0]) == 429);
+	config_unref(c);
+}
+
+static void
+test_config_errors(void)
+{
+	struct config_errors e;
+
+	/* unknown key, bad duration, bad rate: all three reported */
+	CHECK(load_errors(
+	    "server:\n"
+	    "  listen: 127.0.0.1:8080\n"
+	    "  bogus: 1\n"
+	    "redis:\n"
+	    "  timeout: 10x\n"
+	    "routes:\n"
+	    "  - name: a\n"
+	    "    limits:\n"
+	    "      - { algorithm: token_bucket, rate: \"ten/s\", burst: 1 }\n", &e) == 3);
+	CHECK(has_error(&e, "3:3:", "unknown key \"bogus\""));
+	CHECK(has_error(&e, "5:12:", "10x"));
+	CHECK(has_error(&e, "9:42:", "rate"));
+	config_errors_free(&e);
+
+	CHECK(load_errors("routes:\n  - name: a\n    limits: []\n"
+	    "  - name: a\n    limits: [ { algorithm: fixed_window, limit: 1, window: 1s } ]\n",
+	    &e) == 2);
+	CHECK(has_error(&e, "3:13:", "must not be empty"));
+	CHECK(has_error(&e, "4:11:", "duplicate route name"));
+	config_errors_free(&e);
+
+	CHECK(load_errors("routes:\n  - name: a\n    match: { regex: '(' }\n"
+	    "    limits: [ { algorithm: fixed_window, limit: 1, window: 1s } ]\n", &e) >= 1);
+	CHECK(has_error(&e, "3:21:", "regex"));
+	config_errors_free(&e);
+
+	CHECK(load_errors("server: &a { listen: 1 }\nroutes: []\n", &e) == 1);
+	CHECK(has_error(&e, "1:9:", "anchors"));
+	config_errors_free(&e);
+
+	CHECK(load_errors("server:\n  listen: [oops\n", &e) == 1);
+	CHECK(has_error(&e, "", "YAML syntax error"));
+	config_errors_free(&e);
+
+	CHECK(load_errors("server: { listen: nohost }\nroutes: []\n", &e) == 1);
+	CHECK(has_error(&e, "1:19:", "host:port"));
+	config_errors_free(&e);
+
+	CHECK(load_errors("server: {}\n", &e) == 1);
+	CHECK(has_error(&e, "1:1:", "\"routes\" is required"));
+	config_errors_free(&e);
+
+	CHECK(load_errors("routes:\n  - name: a\n    limits:\n"
+	    "      - { algorithm: fixed_window, limit: 1, window: 1s, rate: \"1/s\" }\n"
+	    "      - { algorithm: gcra, burst: 1 }\n"
+	    "      - { algorithm: nope }\n", &e) == 3);
+	CHECK(has_error(&e, "4:", "not a parameter of fixed_window"));
+	CHECK(has_error(&e, "5:", "requires \"rate\""));
+	CHECK(has_error(&e, "6:", "is not one of"));
+	config_errors_free(&e);
+
+	CHECK(load_errors("routes:\n  - name: a\n    key: \"header:\"\n"
+	    "    limits: [ { algorithm: fixed_window, limit: 0, window: 1s } ]\n", &e) == 2);
+	config_errors_free(&e);
+
+	CHECK(load_errors("--- {routes: []}\n--- {routes: []}\n", &e) == 1);
+	CHECK(has_error(&e, "2:1:", "only one YAML document"));
+	config_errors_free(&e);
+
+	CHECK(load_errors("", &e) == 1);
+	config_errors_free(&e);
+}
+
+static void
+test_normalize(void)
+{
+	char buf[256];
+	const char *q;
+
+	policy_normalize_uri("/api/users?id=1", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/api/users");
+	CHECK_STR(q, "id=1");
+	policy_normalize_uri("//api///x", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/api/x");
+	CHECK(q == NULL);
+	policy_normalize_uri("/a/./b/../c", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/a/c");
+	policy_normalize_uri("/../../etc", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/etc");
+	policy_normalize_uri("/auth/%6Cogin", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/auth/login");
+	policy_normalize_uri("/a%2Fb", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/a%2Fb");
+	policy_normalize_uri("", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/");
+	policy_normalize_uri("?x=1", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/");
+	CHECK_STR(q, "x=1");
+	policy_normalize_uri("http://h.example/p?q", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/p");
+	policy_normalize_uri("/a/..", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/");
+	policy_normalize_uri("/a/b/.", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/a/b/");
+}
+
+struct fake_headers {
+	const char *names[4], *values[4];
+};
+
+static const char *
+fake_lookup(void *ctx, const char *name)
+{
+	struct fake_headers *h = ctx;
+
+	for (int i = 0; i < 4 && h->names[i]; i++)
+		if (strcasecmp(h->names[i], name) == 0)
+			return h->values[i];
+	return NULL;
+}
+
+static void
+test_routes_and_keys(void)
+{
+	struct config_errors e;
+	struct config *c = load(good_policy, &e);
+	struct fake_headers h = { { "X-Api-Key", "Cookie" }, { "  k1 ", "a=b; sid=\"s9\"" } };
+	struct check_input in = { "GET", "/api/users", "id=7&key=q%20v", "api.example.com:8443",
+	    "203.0.113.7", fake_lookup, &h };
+	const struct route *r;
+	const char *key;
+	size_t keylen;
+	char buf[128];
+
+	if (c == NULL) {
+		CHECK(c != NULL);
+		return;
+	}
+	r = policy_match(c, &in);
+	CHECK(r && strcmp(r->name, "api") == 0);
+	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == 0);
+	CHECK(keylen == 2 && memcmp(key, "k1", 2) == 0);
+	h.names[0] = "X-Other";
+	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == 0);
+	CHECK(keylen == 3 && memcmp(key, "q v", 3) == 0);
+	in.query = NULL;
+	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == 0);
+	CHECK(keylen == 2 && memcmp(key, "s9", 2) == 0);
+	h.names[1] = NULL;
+	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == 0);
+	CHECK_STR(key, "203.0.113.7");
+	CHECK(policy_limits(r, "partner-1", 9) == &r->overrides[0].set);
+	CHECK(policy_limits(r, "partner-", 8) == &r->limits);
+	CHECK(policy_limits(r, "internal", 8)->unlimited);
+
+	in.host = "other.example.com";		/* host mismatch: falls to default */
+	r = policy_match(c, &in);
+	CHECK(r && strcmp(r->name, "default") == 0);
+	in.path = "/auth/login";
+	in.method = "post";
+	r = policy_match(c, &in);
+	CHECK(r && strcmp(r->name, "login") == 0);
+	in.method = "GET";
+	r = policy_match(c, &in);
+	CHECK(r && strcmp(r->name, "default") == 0);
+	in.path = "/v2/things";
+	r = policy_match(c, &in);
+	CHECK(r && strcmp(r->name, "versioned") == 0);
+	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == 1);
+	CHECK_STR(key, "*");
+	config_unref(c);
+}
+
+static void
+test_client_ip(void)
+{
+	struct config_errors e;
+	struct config *c = load(good_policy, &e);	/* trusts 127.0.0.1, 10/8 */
+	char ip[64];
+
+	if (c == NULL) {
+		CHECK(c != NULL);
+		return;
+	}
+	policy_client_ip(c, "127.0.0.1", "203.0.113.7, 10.1.2.3", NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "203.0.113.7");
+	policy_client_ip(c, "127.0.0.1", "198.51.100.1, 203.0.113.7", NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "203.0.113.7");
+	policy_client_ip(c, "127.0.0.1", "10.0.0.1, 10.0.0.2", NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "10.0.0.1");
+	policy_client_ip(c, "127.0.0.1", NULL, "198.51.100.9", ip, sizeof(ip));
+	CHECK_STR(ip, "198.51.100.9");
+	policy_client_ip(c, "192.0.2.1", "203.0.113.7", "198.51.100.9", ip, sizeof(ip));
+	CHECK_STR(ip, "192.0.2.1");
+	policy_client_ip(c, "127.0.0.1", "garbage, 203.0.113.8", NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "203.0.113.8");
+	policy_client_ip(c, "127.0.0.1", "2001:DB8::1", NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "2001:db8::1");
+	policy_client_ip(c, "::ffff:127.0.0.1", "203.0.113.5", NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "203.0.113.5");
+	CHECK(policy_canonical_ip("[::1]", 5, ip, sizeof(ip)) == 0);
+	CHECK_STR(ip, "::1");
+	CHECK(policy_canonical_ip("1.2.3", 5, ip, sizeof(ip)) == -1);
+	config_unref(c);
+}
+
+static void
+test_encode_and_build(void)
+{
+	char out[LIMITER_CLIENT_MAX], big[300];
+	struct limiter_command cmd = { 0 };
+	struct limit l[2] = {
+		{ name_burst, ALGORITHM_TOKEN_BUCKET, 20, 0, 0, 10, 1000000, 0 },
+		{ name_hourly, ALGORITHM_FIXED_WINDOW, 1000, 3600000000LL, 0, 0, 0, 0 },
+	};
+	struct limit_set set = { l, 2, 0, 1000 };
+	unsigned char d[SHA256_DIGEST_LEN];
+
+	CHECK(limiter_encode_client("k1", 2, out) == 2);
+	CHECK_STR(out, "k1");
+	limiter_encode_client("a:b{c}%", 7, out);
+	CHECK_STR(out, "a%3Ab%7Bc%7D%25");
+	limiter_encode_client("a\0b", 3, out);
+	CHECK_STR(out, "a%00b");
+	memset(big, 'x', sizeof(big));
+	CHECK(limiter_encode_client(big, sizeof(big), out) == 65 && out[0] == '#');
+	sha256("abc", 3, d);
+	CHECK(d[0] == 0xba && d[1] == 0x78 && d[31] == 0xad);
+	sha256("", 0, d);
+	CHECK(d[0] == 0xe3 && d[31] == 0x55);
+
+	limiter_build(&cmd, "0123456789012345678901234567890123456789", "rl:", "api",
+	    "k1", &set, 3);
+	CHECK(cmd.argc == 3 + 2 + 2 + 8);
+	CHECK(cmd.argvlen[3] == strlen("rl:{api:k1}:burst:token_bucket") &&
+	    memcmp(cmd.argv[3], "rl:{api:k1}:burst:token_bucket", cmd.argvlen[3]) == 0);
+	CHECK(memcmp(cmd.argv[4], "rl:{api:k1}:hourly:fixed_window", cmd.argvlen[4]) == 0);
+	CHECK(cmd.argvlen[6] == 1 && cmd.argv[6][0] == '3');
+	CHECK(memcmp(cmd.argv[9], "10", 2) == 0 && memcmp(cmd.argv[10], "1000000", 7) == 0);
+	limiter_command_free(&cmd);
+}
+
+static void
+test_verdict_and_headers(void)
+{
+	struct limit l[2] = {
+		{ name_burst, ALGORITHM_TOKEN_BUCKET, 20, 0, 0, 10, 1000000, 0 },
+		{ name_hourly, ALGORITHM_FIXED_WINDOW, 1000, 3600000000LL, 0, 0, 0, 0 },
+	};
+	struct limit_set set = { l, 2, 0, 1000 };
+	struct limiter_headers h;
+	struct verdict v;
+	long long allowed[] = { 1, 5000, 1, 3, 200, 0, 0, 1, 977, 1800000, 0, 0 };
+	long long denied[] = { 0, 5000, 0, 0, 2000, 150, 0, 1, 977, 1800000, 0, 0 };
+	long long tie[] = { 1, 5000, 1, 5, 1000, 0, 0, 1, 5, 1800001, 0, 0 };
+
+	CHECK(limiter_parse(&set, allowed, 12, &v) == 0);
+	CHECK(v.allowed && v.headline == 0);
+	limiter_format(&set, &v, 1, &h);
+	CHECK_STR(h.limit, "20");
+	CHECK_STR(h.remaining, "3");
+	CHECK_STR(h.reset, "1");
+	CHECK_STR(h.retry_after, "");
+	CHECK_STR(h.policy, "\"burst\";q=20;w=2, \"hourly\";q=1000;w=3600");
+	CHECK_STR(h.ratelimit, "\"burst\";r=3;t=1, \"hourly\";r=977;t=1800");
+
+	CHECK(limiter_parse(&set, denied, 12, &v) == 0);
+	CHECK(!v.allowed && v.retry_ms == 150);
+	limiter_format(&set, &v, 0, &h);
+	CHECK_STR(h.retry_after, "1");
+	CHECK_STR(h.remaining, "0");
+	CHECK_STR(h.policy, "");
+
+	CHECK(limiter_parse(&set, tie, 12, &v) == 0);
+	CHECK(v.headline == 1);		/* same remaining, longer reset */
+	CHECK(limiter_parse(&set, tie, 11, &v) == -1);
+
+	limiter_format_degraded(&set, &h);
+	CHECK_STR(h.limit, "20");
+	CHECK_STR(h.remaining, "-1");
+	CHECK(limiter_ms_to_s(1) == 1 && limiter_ms_to_s(1000) == 1 &&
+	    limiter_ms_to_s(1001) == 2 && limiter_ms_to_s(0) == 0);
+}
+
+static void
+test_denycache(void)
+{
+	struct config_errors e;
+	struct config *c = load(good_policy, &e);
+	struct denycache *dc = denycache_new();
+	const struct route *api;
+	struct verdict v, out;
+	long long denied[] = { 0, 5000, 0, 0, 2000, 1500, 0, 1, 977, 1800000, 0, 0 };
+
+	if (c == NULL) {
+		CHECK(c != NULL);
+		denycache_free(dc);
+		return;
+	}
+	api = &c->routes[1];
+	/* api's first two limits are token buckets; reuse a 2-limit slice */
+	struct limit_set two = { api->limits.limits, 2, 0, 20 };
+	CHECK(limiter_parse(&two, denied, 12, &v) == 0);
+	denycache_put(dc, c, api, &two, "k1", 1, &v, 1000000);
+	CHECK(denycache_get(dc, c, api, "k1", 1, 1500000, &out) == 1);
+	CHECK(out.retry_ms == 1000 && !out.allowed);
+	CHECK(denycache_get(dc, c, api, "k2", 1, 1500000, &out) == 0);
+	CHECK(denycache_get(dc, c, api, "k1", 1, 2500000, &out) == 0);	/* expired */
+	CHECK(denycache_get(dc, c, &c->routes[0], "k1", 1, 1500000, &out) == 0);
+
+	/* a sliding_window_log denial is never cached */
+	CHECK(limiter_parse(&c->routes[0].limits, (long long[]){ 0, 1, 0, 0, 100, 100, 0 },
+	    7, &v) == 0);
+	denycache_put(dc, c, &c->routes[0], &c->routes[0].limits, "k9", 1, &v, 1000000);
+	CHECK(denycache_get(dc, c, &c->routes[0], "k9", 1, 1000001, &out) == 0);
+	denycache_free(dc);
+	config_unref(c);
+}
+
+static const struct {
+	const char *name;
+	void (*fn)(void);
+} tests[] = {
+	{ "durations and rates", test_durations },
+	{ "cidr", test_cidr },
+	{ "policy: a good file", test_config_good },
+	{ "policy: errors with positions", test_config_errors },
+	{ "path normalization", test_normalize },
+	{ "routes and keys", test_routes_and_keys },
+	{ "client ip", test_client_ip },
+	{ "redis keys and command", test_encode_and_build },
+	{ "verdict and headers", test_verdict_and_headers },
+	{ "deny cache", test_denycache },
+};
+
+int
+main(void)
+{
+	int passed = 0, failed = 0;
+	char cmd[300];
+
+	if (mkdtemp(tmpdir) == NULL) {
+		perror("mkdtemp");
+		return 1;
+	}
+	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+		int before = failures;
+
+		tests[i].fn();
+		if (failures == before) {
+			printf("ok   %s\n", tests[i].name);
+			passed++;
+		} else {
+			printf("FAIL %s\n", tests[i].name);
+			failed++;
+		}
+	}
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", tmpdir);
+	printf("%d passed, %d failed\n", passed, failed);
+	return failed ? 1 : 0;
+}
