@@ -159,11 +159,22 @@ struct worker *
 worker_new(int id, int listen_fd, struct config *config)
 {
 	struct worker *w = xcalloc(1, sizeof(*w));
+	struct event_config *cfg;
 	int fd;
 
 	w->w_id = id;
 	pthread_mutex_init(&w->w_lock, NULL);
-	if ((w->w_base = event_base_new()) == NULL)
+	/* The changelist folds each request's add/del of the same event into
+	 * one epoll_ctl (or none) per loop iteration; evhttp toggles its read
+	 * and write events on every request. Each base holds one dup of the
+	 * listening socket only, which keeps clear of the changelist's caveat
+	 * about dup()ed descriptors. */
+	if ((cfg = event_config_new()) == NULL)
+		fatalx("worker %d: cannot create an event config", id);
+	event_config_set_flag(cfg, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
+	w->w_base = event_base_new_with_config(cfg);
+	event_config_free(cfg);
+	if (w->w_base == NULL)
 		fatalx("worker %d: cannot create an event base", id);
 	w->w_metrics = metrics_new();
 	w->w_denycache = denycache_new();

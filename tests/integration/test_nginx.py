@@ -1,0 +1,390 @@
+"""The nginx recipe, conf/nginx.conf, run for real.
+
+A real nginx, a real ratelimitd and a real upstream (a small Python HTTP
+server in a thread that counts what reaches it). The nginx configuration is
+conf/nginx.conf itself, with these changes only:
+
+  - addresses: `server 127.0.0.1:8080;` (the daemon), `server 127.0.0.1:9000;`
+    (the application) and `listen 8000;` become free ports on 127.0.0.1;
+  - paths: temp directories under the test's tmpdir, and `access_log off`;
+  - process settings, on the command line: `daemon off; master_process off;`
+    (one process, which needs no `user` switch whether the test runs as root
+    or not), a pid file in the tmpdir, `error_log stderr`.
+
+Each replaced string must appear in the recipe exactly once, so renaming one
+there fails these tests instead of silently testing something else.
+
+The tests are skipped only when there is no `nginx` binary.
+"""
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import requests
+
+from conftest import ROOT, free_port, wait_until
+
+RECIPE = os.path.join(ROOT, "conf", "nginx.conf")
+NGINX = shutil.which("nginx") or next(
+    (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)),
+    None)
+
+pytestmark = pytest.mark.skipif(NGINX is None, reason="no nginx binary")
+
+RL = ("x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset", "retry-after")
+
+# The daemon's policy. deny_status 403 is what the recipe requires. Block
+# YAML only, so no braces need escaping for conftest's str.format. Sliding
+# logs rather than fixed windows, so that no test can straddle a window
+# boundary and see its count reset.
+POLICY = """\
+server:
+  listen: 127.0.0.1:{port}
+  deny_status: 403
+  ietf_headers: true
+redis:
+  address: 127.0.0.1:{redis_port}
+  timeout: 200ms
+routes:
+  - name: login
+    match:
+      path: /auth/login
+      methods: [POST]
+    key: ip
+    limits:
+      - name: m
+        algorithm: sliding_window_log
+        limit: 2
+        window: 1m
+  - name: hosted
+    match:
+      prefix: /h/
+      host: api.example.com
+    key: ip
+    limits:
+      - name: w
+        algorithm: sliding_window_log
+        limit: 1
+        window: 1m
+  - name: keyed
+    match:
+      prefix: /keyed/
+    key: header:X-Api-Key
+    missing_key: deny
+    limits:
+      - name: w
+        algorithm: sliding_window_log
+        limit: 100
+        window: 1m
+  - name: api
+    match:
+      prefix: /api/
+    key: ip
+    limits:
+      - name: w
+        algorithm: sliding_window_log
+        limit: 3
+        window: 1m
+"""
+
+
+class Upstream:
+    """The protected application: 200 "upstream ok" to everything, and a
+    record of every request that got through."""
+
+    def __init__(self):
+        self.seen = []
+        self.lock = threading.Lock()
+        upstream = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def handle_one(self):
+                n = int(self.headers.get("Content-Length") or 0)
+                if n:
+                    self.rfile.read(n)
+                with upstream.lock:
+                    upstream.seen.append((self.command, self.path))
+                body = b"upstream ok"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = handle_one
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def count(self, prefix):
+        with self.lock:
+            return sum(1 for _, path in self.seen if path.startswith(prefix))
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def nginx_config(tmpdir, daemon_port, upstream_port, listen_port):
+    """conf/nginx.conf with only addresses and paths changed (see the module
+    docstring)."""
+    with open(RECIPE) as f:
+        text = f.read()
+    for old, new in (
+            ("server 127.0.0.1:8080;", "server 127.0.0.1:%d;" % daemon_port),
+            ("server 127.0.0.1:9000;", "server 127.0.0.1:%d;" % upstream_port),
+            ("listen 8000;", "listen 127.0.0.1:%d;" % listen_port)):
+        assert text.count(old) == 1, "conf/nginx.conf no longer has %r once" % old
+        text = text.replace(old, new)
+
+    version = subprocess.run([NGINX, "-V"], capture_output=True, text=True).stderr
+    paths = ["access_log off;",
+             "client_body_temp_path %s/client_body;" % tmpdir,
+             "proxy_temp_path %s/proxy;" % tmpdir]
+    for module in ("fastcgi", "uwsgi", "scgi"):
+        if "--without-http_%s_module" % module not in version:
+            paths.append("%s_temp_path %s/%s;" % (module, tmpdir, module))
+    assert text.count("\nhttp {\n") == 1
+    text = text.replace("\nhttp {\n", "\nhttp {\n    " + "\n    ".join(paths) + "\n", 1)
+    return text
+
+
+class Nginx:
+    def __init__(self, tmpdir, daemon_port, upstream_port):
+        self.dir = os.path.join(str(tmpdir), "nginx")
+        os.makedirs(os.path.join(self.dir, "logs"), exist_ok=True)
+        self.port = free_port()
+        self.conf = os.path.join(self.dir, "nginx.conf")
+        with open(self.conf, "w") as f:
+            f.write(nginx_config(self.dir, daemon_port, upstream_port, self.port))
+        self.log_path = os.path.join(self.dir, "stderr.log")
+        self.globals = ("daemon off; master_process off; pid %s/nginx.pid; "
+                        "error_log stderr;" % self.dir)
+        self.proc = None
+
+    def cmd(self, *extra):
+        return [NGINX, "-p", self.dir + "/", "-c", self.conf, "-g", self.globals] + list(extra)
+
+    def start(self):
+        test = subprocess.run(self.cmd("-t"), capture_output=True, text=True)
+        assert test.returncode == 0, "nginx -t failed:\n" + test.stderr
+        self.logf = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.cmd(), stdout=self.logf, stderr=self.logf)
+
+        def listening():
+            assert self.proc.poll() is None
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
+                return True
+        assert wait_until(listening, timeout=10), "nginx did not start:\n" + self.log()
+        return self
+
+    def url(self, path):
+        return "http://127.0.0.1:%d%s" % (self.port, path)
+
+    def log(self):
+        try:
+            with open(self.log_path, "rb") as f:
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc is not None:
+            self.logf.close()
+
+
+@pytest.fixture
+def upstream():
+    u = Upstream()
+    yield u
+    u.close()
+
+
+@pytest.fixture
+def gateway(tmp_path, start_daemon, upstream):
+    """nginx from the recipe, in front of `upstream`, asking a real daemon."""
+    daemon = start_daemon(POLICY)
+    gw = Nginx(tmp_path, daemon.port, upstream.port).start()
+    gw.daemon = daemon
+    yield gw
+    gw.stop()
+
+
+def get(gw, path, method="GET", **kw):
+    kw.setdefault("timeout", 5)
+    return requests.request(method, gw.url(path), **kw)
+
+
+def test_allowed_then_429_with_headers_copied(gateway, upstream, redis_server):
+    for i in range(3):
+        r = get(gateway, "/api/items?page=%d" % i)
+        assert r.status_code == 200, (r.status_code, r.text, gateway.log())
+        assert r.text == "upstream ok"
+        assert r.headers["X-RateLimit-Limit"] == "3"
+        assert r.headers["X-RateLimit-Remaining"] == str(2 - i)
+        reset = int(r.headers["X-RateLimit-Reset"])
+        assert 1 <= reset <= 60
+        assert "Retry-After" not in r.headers
+        # The IETF fields (ietf_headers: true) are copied too.
+        assert r.headers["RateLimit-Policy"] == '"w";q=3;w=60'
+        assert r.headers["RateLimit"] == '"w";r=%d;t=%d' % (2 - i, reset)
+
+    r = get(gateway, "/api/items")
+    assert r.status_code == 429, (r.status_code, r.text, gateway.log())
+    assert r.headers["X-RateLimit-Limit"] == "3"
+    assert r.headers["X-RateLimit-Remaining"] == "0"
+    retry = int(r.headers["Retry-After"])
+    assert 1 <= retry <= 60
+    assert r.headers["Content-Type"].startswith("application/json")
+    assert json.loads(r.text) == {"error": "rate_limited", "retry_after": retry}
+    assert r.headers["RateLimit-Policy"] == '"w";q=3;w=60'
+    assert r.headers["RateLimit"].startswith('"w";r=0;t=')
+
+    # The denied request never reached the application.
+    assert upstream.count("/api/") == 3
+    # The daemon saw the original path (X-Original-URI) and counted the
+    # client nginx saw, under the contract's key.
+    assert redis_server.client().exists("rl:{api:127.0.0.1}:w:sliding_window_log") == 1
+
+
+def test_unmatched_path_passes_without_headers(gateway, upstream):
+    for _ in range(6):
+        r = get(gateway, "/static/app.js")
+        assert r.status_code == 200, (r.status_code, r.text, gateway.log())
+        assert r.text == "upstream ok"
+        for h in RL:
+            assert h not in r.headers
+    assert upstream.count("/static/") == 6
+
+
+def test_upload_body_is_not_sent_to_the_daemon(gateway, upstream):
+    # 512 KiB is within nginx's default client_max_body_size (1m) but far
+    # over what the daemon accepts as a request body: it passes only
+    # because the recipe sends the check headers-only.
+    r = get(gateway, "/api/upload", method="POST", data=b"x" * (512 * 1024))
+    assert r.status_code == 200, (r.status_code, r.text, gateway.log())
+    assert r.text == "upstream ok"
+    assert r.headers["X-RateLimit-Remaining"] == "2"
+
+
+def test_client_address_comes_through_x_forwarded_for(gateway, upstream, redis_server):
+    # The test client is on 127.0.0.1, a trusted proxy, so the address it
+    # claims in X-Forwarded-For is the client; nginx appends 127.0.0.1 after
+    # it and the daemon reads right to left. One client's exhaustion must
+    # not touch another's quota.
+    a = {"X-Forwarded-For": "203.0.113.9"}
+    b = {"X-Forwarded-For": "203.0.113.10"}
+    for _ in range(3):
+        assert get(gateway, "/api/a", headers=a).status_code == 200
+    assert get(gateway, "/api/a", headers=a).status_code == 429
+    r = get(gateway, "/api/b", headers=b)
+    assert r.status_code == 200, (r.status_code, r.text, gateway.log())
+    assert r.headers["X-RateLimit-Remaining"] == "2"
+    keys = {k.decode() for k in redis_server.client().keys("rl:*")}
+    assert keys == {"rl:{api:203.0.113.9}:w:sliding_window_log",
+                    "rl:{api:203.0.113.10}:w:sliding_window_log"}
+
+
+def request_from(gw, source_ip, path, headers):
+    """A GET to nginx from another loopback address (all of 127/8 is local
+    on Linux), so nginx sees a client outside trusted_proxies."""
+    conn = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=5,
+                                      source_address=(source_ip, 0))
+    try:
+        conn.request("GET", path, headers=headers)
+        r = conn.getresponse()
+        r.read()
+        return r.status
+    finally:
+        conn.close()
+
+
+def test_forged_forwarded_for_is_ignored(gateway, upstream, redis_server):
+    # A client that is not a trusted proxy makes up X-Forwarded-For. nginx
+    # appends the address it really saw, the daemon reads right to left and
+    # stops at that untrusted address: a new made-up address per request
+    # buys nothing.
+    codes = [request_from(gateway, "127.0.0.2", "/api/f",
+                          {"X-Forwarded-For": "198.51.100.%d" % i})
+             for i in range(4)]
+    assert codes == [200, 200, 200, 429], gateway.log()
+    keys = {k.decode() for k in redis_server.client().keys("rl:*")}
+    assert keys == {"rl:{api:127.0.0.2}:w:sliding_window_log"}
+
+
+def test_original_method_is_passed(gateway, upstream):
+    # The recipe always asks the daemon with GET (proxy_method) and sends the
+    # real method in X-Original-Method; the login route limits POST only.
+    for _ in range(4):
+        r = get(gateway, "/auth/login")
+        assert r.status_code == 200
+        assert "X-RateLimit-Limit" not in r.headers
+    for i in range(2):
+        r = get(gateway, "/auth/login", method="POST", data=b"user=a&pass=b")
+        assert r.status_code == 200, (r.status_code, r.text, gateway.log())
+        assert r.headers["X-RateLimit-Remaining"] == str(1 - i)
+    r = get(gateway, "/auth/login", method="POST", data=b"user=a&pass=b")
+    assert r.status_code == 429
+    assert int(r.headers["Retry-After"]) >= 1
+    assert upstream.count("/auth/login") == 6
+
+
+def test_original_host_is_passed(gateway, upstream):
+    # proxy_pass would send Host: ratelimitd; X-Forwarded-Host carries the
+    # client's host, which the `hosted` route matches on.
+    h = {"Host": "api.example.com"}
+    r = get(gateway, "/h/x", headers=h)
+    assert r.status_code == 200
+    assert r.headers["X-RateLimit-Limit"] == "1"
+    assert get(gateway, "/h/x", headers=h).status_code == 429
+    r = get(gateway, "/h/x", headers={"Host": "other.example.com"})
+    assert r.status_code == 200
+    assert "X-RateLimit-Limit" not in r.headers
+
+
+def test_missing_key_stays_403(gateway, upstream):
+    # The daemon's 403 for missing_key: deny has no Retry-After, and the
+    # recipe keeps it a 403 rather than calling it a rate limit.
+    r = get(gateway, "/keyed/x")
+    assert r.status_code == 403, (r.status_code, r.text, gateway.log())
+    assert "Retry-After" not in r.headers
+    assert json.loads(r.text) == {"error": "missing_key"}
+    assert upstream.count("/keyed/") == 0
+    r = get(gateway, "/keyed/x", headers={"X-Api-Key": "k1"})
+    assert r.status_code == 200
+    assert r.headers["X-RateLimit-Limit"] == "100"
+    assert r.headers["X-RateLimit-Remaining"] == "99"
+
+
+def test_unreachable_daemon_fails_closed(tmp_path, upstream):
+    # Nothing listens on the daemon's port: auth_request answers 500 and the
+    # application is not reached.
+    gw = Nginx(tmp_path, free_port(), upstream.port).start()
+    try:
+        r = get(gw, "/api/x")
+        assert r.status_code == 500
+        assert upstream.count("/") == 0
+    finally:
+        gw.stop()
