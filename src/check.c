@@ -215,12 +215,9 @@ access_log(const struct check *ck, int status, enum check_result result,
 {
 	static const char *const results[] = { "allowed", "denied",
 	    "shadow_denied", "failed_open", "failed_closed", "no_route" };
-	char key[LIMITER_CLIENT_MAX * 2];
 
-	log_escape(key, sizeof(key), ck->ck_client, strlen(ck->ck_client));
-	log_access("check route=%s key=\"%s\" status=%d result=%s cost=%lld us=%lld",
-	    ck->ck_route ? ck->ck_route->name : "-", key, status, results[result],
-	    ck->ck_cost, took_us);
+	log_access(ck->ck_route ? ck->ck_route->name : "-", ck->ck_client,
+	    strlen(ck->ck_client), status, results[result], ck->ck_cost, took_us);
 }
 
 /* Replies once, counts, logs, and releases what it can. */

@@ -160,13 +160,32 @@ log_debug(const char *fmt, ...)
 }
 
 void
-log_access(const char *fmt, ...)
+log_access(const char *route, const char *key, size_t keylen, int status,
+    const char *result, long long cost, long long took_us)
 {
-	va_list ap;
+	char ekey[1024], line[LOG_LINE_MAX], ts[40];
+	struct timespec now;
+	struct tm tm;
+	int n;
 
-	va_start(ap, fmt);
-	log_vlog(LOG_LEVEL_ERROR, "access", 0, fmt, ap);
-	va_end(ap);
+	log_escape(ekey, sizeof(ekey), key, keylen);
+	if (log_format_current == LOG_FORMAT_TEXT) {
+		snprintf(line, sizeof(line), "check route=%s key=\"%s\" status=%d "
+		    "result=%s cost=%lld us=%lld", route, ekey, status, result,
+		    cost, took_us);
+		log_emit("access", line, NULL);
+		return;
+	}
+	clock_gettime(CLOCK_REALTIME, &now);
+	gmtime_r(&now.tv_sec, &tm);
+	n = (int)strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(ts + n, sizeof(ts) - (size_t)n, ".%03ldZ", now.tv_nsec / 1000000);
+	n = snprintf(line, sizeof(line), "{\"ts\":\"%s\",\"level\":\"access\","
+	    "\"route\":\"%s\",\"key\":\"%s\",\"status\":%d,\"result\":\"%s\","
+	    "\"cost\":%lld,\"us\":%lld}\n", ts, route, ekey, status, result, cost,
+	    took_us);
+	if (n > 0 && (size_t)n < sizeof(line) && write(STDERR_FILENO, line, (size_t)n) < 0)
+		return;
 }
 
 void

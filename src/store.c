@@ -151,8 +151,10 @@ on_disconnect(const redisAsyncContext *ac, int status)
 	(void)status;
 	if (st == NULL || st->st_ac != ac)
 		return;
-	log_warnx("redis %s: disconnected%s%s", st->st_address,
-	    ac->errstr[0] ? ": " : "", ac->errstr[0] ? ac->errstr : "");
+	if (!st->st_logged_down)
+		log_warnx("redis %s: disconnected%s%s", st->st_address,
+		    ac->errstr[0] ? ": " : "", ac->errstr[0] ? ac->errstr : "");
+	st->st_logged_down = 1;
 	st->st_ac = NULL;
 	schedule_retry(st);
 }
@@ -255,7 +257,8 @@ store_connect(struct store *st)
 	redisLibeventAttach(ac, st->st_base);
 	redisAsyncSetConnectCallback(ac, on_connect);
 	redisAsyncSetDisconnectCallback(ac, on_disconnect);
-	redisEnableKeepAlive(&ac->c);
+	if (strncmp(st->st_address, "unix:", 5) != 0)
+		redisEnableKeepAlive(&ac->c);	/* fails on a unix socket */
 	set_state(st, STORE_CONNECTING);
 	/* hiredis queues these until the socket is writable. */
 	if (st->st_password) {
