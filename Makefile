@@ -41,10 +41,12 @@ DEBS_TEST  = redis-server redis-tools python3-pytest python3-redis python3-reque
 all: $(BUILD)/ratelimitd build/limits.lua
 
 $(BUILD)/ratelimitd: $(OBJS)
-	$(CC) $(LDFLAGS) -o $@ $(OBJS) $(LDLIBS)
+	@echo "  LD    $@"
+	@$(CC) $(LDFLAGS) -o $@ $(OBJS) $(LDLIBS)
 
 $(BUILD)/obj/%.o: src/%.c $(wildcard src/*.h) | $(BUILD)/obj
-	$(CC) $(CFLAGS) -Isrc -c -o $@ $<
+	@echo "  CC    $<"
+	@$(CC) $(CFLAGS) -Isrc -c -o $@ $<
 
 build/limits.lua: $(LUA) | build
 	cat $(LUA) > $@
@@ -58,7 +60,8 @@ $(BUILD)/obj/script.c: build/limits.lua | $(BUILD)/obj
 	  echo ';'; } > $@
 
 $(BUILD)/obj/script.o: $(BUILD)/obj/script.c src/script.h
-	$(CC) $(CFLAGS) -Isrc -c -o $@ $<
+	@echo "  CC    $<"
+	@$(CC) $(CFLAGS) -Isrc -c -o $@ $<
 
 $(BUILD)/obj build:
 	mkdir -p $@

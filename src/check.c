@@ -1,6 +1,6 @@
 /*
  * The check lifecycle. A struct check comes from the worker's pool, so a
- * check allocates nothing of its own; it owns its evhttp request, a timer
+ * check allocates nothing of its own; it owns its HTTP request, a timer
  * (the Redis deadline, then the shaping delay), a reference to the policy it
  * started with, and the hiredis call record.
  *
@@ -17,10 +17,7 @@
 #include <strings.h>
 #include <time.h>
 
-#include <event2/buffer.h>
 #include <event2/event.h>
-#include <event2/http.h>
-#include <event2/keyvalq_struct.h>
 #include <jansson.h>
 
 #include "check.h"
@@ -31,6 +28,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "policy.h"
+#include "server.h"
 #include "store.h"
 #include "worker.h"
 #include "xmalloc.h"
@@ -51,7 +49,7 @@ enum check_outcome {
 struct check {
 	struct check		*ck_next, *ck_prev; /* pool or active list */
 	struct worker		*ck_worker;
-	struct evhttp_request	*ck_req;
+	struct http_request	*ck_req;
 	struct config		*ck_config;	/* referenced while active */
 	const struct route	*ck_route;
 	const struct limit_set	*ck_set;
@@ -81,7 +79,7 @@ mono_us(void)
 }
 
 static struct check *
-check_get(struct worker *w, struct evhttp_request *req, int json)
+check_get(struct worker *w, struct http_request *req, int json)
 {
 	struct check *ck = w->w_free_checks;
 
@@ -91,6 +89,7 @@ check_get(struct worker *w, struct evhttp_request *req, int json)
 		ck = xcalloc(1, sizeof(*ck));
 		ck->ck_worker = w;
 		ck->ck_timer = evtimer_new(w->w_base, check_on_timer, ck);
+		event_priority_set(ck->ck_timer, WORKER_PRIORITY_DEADLINE);
 	}
 	ck->ck_req = req;
 	ck->ck_json = json;
@@ -141,18 +140,18 @@ check_pool_free(struct worker *w)
 static const char *
 header_lookup(void *ctx, const char *name)
 {
-	return evhttp_find_header(ctx, name);
+	return request_header(ctx, name);
 }
 
 static void
-add_header(struct evhttp_request *req, const char *name, const char *value)
+add_header(struct http_request *req, const char *name, const char *value)
 {
 	if (value[0])
-		evhttp_add_header(evhttp_request_get_output_headers(req), name, value);
+		request_add_header(req, name, value);
 }
 
 static void
-add_rate_headers(struct evhttp_request *req, const struct limiter_headers *h)
+add_rate_headers(struct http_request *req, const struct limiter_headers *h)
 {
 	add_header(req, "X-RateLimit-Limit", h->limit);
 	add_header(req, "X-RateLimit-Remaining", h->remaining);
@@ -200,11 +199,11 @@ verdict_json(const struct check *ck, int allowed, int degraded)
 }
 
 static void
-send_json(struct evhttp_request *req, int status, json_t *o)
+send_json(struct http_request *req, int status, json_t *o)
 {
 	char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
 
-	http_reply(req, status, "application/json", s, strlen(s));
+	request_reply(req, status, "application/json", s, strlen(s));
 	free(s);
 	json_decref(o);
 }
@@ -225,7 +224,7 @@ static void
 check_finish(struct check *ck, enum check_outcome outcome)
 {
 	struct worker *w = ck->ck_worker;
-	struct evhttp_request *req = ck->ck_req;
+	struct http_request *req = ck->ck_req;
 	const struct config *c = ck->ck_config;
 	const struct route *route = ck->ck_route;
 	struct limiter_headers h;
@@ -240,7 +239,7 @@ check_finish(struct check *ck, enum check_outcome outcome)
 		if (ck->ck_json)
 			send_json(req, 200, json_pack("{s:b,s:n}", "allowed", 1, "route"));
 		else
-			http_reply(req, 200, NULL, NULL, 0);
+			request_reply(req, 200, NULL, NULL, 0);
 		break;
 	case OUTCOME_UNLIMITED:
 		if (ck->ck_json)
@@ -249,7 +248,7 @@ check_finish(struct check *ck, enum check_outcome outcome)
 			    ck->ck_raw_key ? ck->ck_raw_key : "", "unlimited", 1,
 			    "degraded", 0, "limits"));
 		else
-			http_reply(req, 200, NULL, NULL, 0);
+			request_reply(req, 200, NULL, NULL, 0);
 		break;
 	case OUTCOME_MISSING_KEY:
 		result = RESULT_DENIED;
@@ -265,9 +264,11 @@ check_finish(struct check *ck, enum check_outcome outcome)
 		limiter_format_degraded(ck->ck_set, &h);
 		add_rate_headers(req, &h);
 		if (config_route_failure_mode(c, route) == FAILURE_MODE_CLOSED) {
+			/* A shadow route reports what enforcement would do but
+			 * always lets the request through. */
 			result = RESULT_FAILED_CLOSED;
-			status = 503;
-			allowed = 0;
+			status = route->shadow ? 200 : 503;
+			allowed = route->shadow;
 		} else
 			result = RESULT_FAILED_OPEN;
 		if (ck->ck_json)
@@ -276,7 +277,7 @@ check_finish(struct check *ck, enum check_outcome outcome)
 			send_json(req, 503, json_pack("{s:s,s:s}", "error",
 			    "rate_limiter_unavailable", "route", route->name));
 		else
-			http_reply(req, status, NULL, NULL, 0);
+			request_reply(req, status, NULL, NULL, 0);
 		break;
 	case OUTCOME_VERDICT: {
 		const struct verdict *v = &ck->ck_verdict;
@@ -304,10 +305,10 @@ check_finish(struct check *ck, enum check_outcome outcome)
 			    "\"route\":\"%s\",\"retry_after\":%s}", route->name,
 			    h.retry_after);
 
-			http_reply(req, status, "application/json", body, (size_t)n);
+			request_reply(req, status, "application/json", body, (size_t)n);
 		}
 		else
-			http_reply(req, status, NULL, NULL, 0);
+			request_reply(req, status, NULL, NULL, 0);
 		break;
 	}
 	}
@@ -474,48 +475,28 @@ check_run(struct check *ck, const char *key, size_t keylen, int global)
 }
 
 static const char *
-method_name(enum evhttp_cmd_type cmd)
+first_header(struct http_request *req, const char *a, const char *b)
 {
-	switch (cmd) {
-	case EVHTTP_REQ_GET: return "GET";
-	case EVHTTP_REQ_POST: return "POST";
-	case EVHTTP_REQ_HEAD: return "HEAD";
-	case EVHTTP_REQ_PUT: return "PUT";
-	case EVHTTP_REQ_DELETE: return "DELETE";
-	case EVHTTP_REQ_OPTIONS: return "OPTIONS";
-	case EVHTTP_REQ_TRACE: return "TRACE";
-	case EVHTTP_REQ_CONNECT: return "CONNECT";
-	case EVHTTP_REQ_PATCH: return "PATCH";
-	}
-	return "GET";
-}
+	const char *v = request_header(req, a);
 
-static const char *
-first_header(struct evkeyvalq *hdrs, const char *a, const char *b)
-{
-	const char *v = evhttp_find_header(hdrs, a);
-
-	return v ? v : evhttp_find_header(hdrs, b);
+	return v ? v : request_header(req, b);
 }
 
 /* The client IP of the check request itself (peer, XFF, X-Real-IP). */
 static void
-request_client_ip(const struct config *c, struct evhttp_request *req,
+request_client_ip(const struct config *c, struct http_request *req,
     char *ip, size_t size)
 {
-	struct evkeyvalq *hdrs = evhttp_request_get_input_headers(req);
-	char *peer = NULL;
-	ev_uint16_t port;
+	char xff[SERVER_HEADERS_MAX];
 
-	evhttp_connection_get_peer(evhttp_request_get_connection(req), &peer, &port);
-	policy_client_ip(c, peer, evhttp_find_header(hdrs, "X-Forwarded-For"),
-	    evhttp_find_header(hdrs, "X-Real-IP"), ip, size);
+	policy_client_ip(c, request_peer(req), request_header_list(req,
+	    "X-Forwarded-For", xff, sizeof(xff)), request_header(req, "X-Real-IP"),
+	    ip, size);
 }
 
 void
-check_forward(struct worker *w, struct evhttp_request *req, const char *rest)
+check_forward(struct worker *w, struct http_request *req, const char *rest)
 {
-	struct evkeyvalq *hdrs = evhttp_request_get_input_headers(req);
 	struct check *ck = check_get(w, req, 0);
 	char path[POLICY_PATH_MAX], qkey[CHECK_QUERY_KEY_MAX], ip[64];
 	struct check_input in;
@@ -523,17 +504,17 @@ check_forward(struct worker *w, struct evhttp_request *req, const char *rest)
 	size_t keylen = 0;
 	int rc = -1;
 
-	uri = first_header(hdrs, "X-Original-URI", "X-Forwarded-Uri");
+	uri = first_header(req, "X-Original-URI", "X-Forwarded-Uri");
 	policy_normalize_uri(uri ? uri : rest, path, sizeof(path), &in.query);
 	in.path = path;
-	in.method = first_header(hdrs, "X-Original-Method", "X-Forwarded-Method");
+	in.method = first_header(req, "X-Original-Method", "X-Forwarded-Method");
 	if (in.method == NULL)
-		in.method = method_name(evhttp_request_get_command(req));
-	in.host = first_header(hdrs, "X-Forwarded-Host", "Host");
+		in.method = request_method(req);
+	in.host = first_header(req, "X-Forwarded-Host", "Host");
 	request_client_ip(ck->ck_config, req, ip, sizeof(ip));
 	in.ip = ip;
 	in.header = header_lookup;
-	in.header_ctx = hdrs;
+	in.header_ctx = req;
 
 	ck->ck_route = policy_match(ck->ck_config, &in);
 	if (ck->ck_route && (rc = policy_client_key(ck->ck_route, &in, qkey,
@@ -568,7 +549,7 @@ route_by_name(const struct config *c, const char *name)
 
 /* Validates the optional string field `name`; -1 after replying 400. */
 static int
-json_opt_string(struct evhttp_request *req, json_t *body, const char *name,
+json_opt_string(struct http_request *req, json_t *body, const char *name,
     const char **out)
 {
 	json_t *v = json_object_get(body, name);
@@ -585,12 +566,12 @@ json_opt_string(struct evhttp_request *req, json_t *body, const char *name,
 }
 
 void
-check_json(struct worker *w, struct evhttp_request *req)
+check_json(struct worker *w, struct http_request *req)
 {
 	static const char *const fields[] = { "method", "path", "host", "ip",
 	    "headers", "cost", "route", "key", NULL };
-	struct evbuffer *buf = evhttp_request_get_input_buffer(req);
-	size_t len = evbuffer_get_length(buf);
+	size_t len;
+	const char *data = request_body(req, &len);
 	const struct config *c = w->w_config;
 	char path[POLICY_PATH_MAX], qkey[CHECK_QUERY_KEY_MAX], ip[64];
 	const char *route_name, *key = NULL, *method, *uri, *host, *ipfield, *k;
@@ -604,12 +585,7 @@ check_json(struct worker *w, struct evhttp_request *req)
 	int global = 0;
 	struct check *ck;
 
-	if (len > HTTP_BODY_MAX) {
-		http_reply_json_error(req, 413, "body is larger than %d bytes", HTTP_BODY_MAX);
-		return;
-	}
-	body = json_loadb((const char *)evbuffer_pullup(buf, (ev_ssize_t)len), len,
-	    JSON_REJECT_DUPLICATES, &err);
+	body = json_loadb(data, len, JSON_REJECT_DUPLICATES, &err);
 	if (body == NULL) {
 		http_reply_json_error(req, 400, "malformed JSON at line %d column %d: %s",
 		    err.line, err.column, err.text);

@@ -5,13 +5,13 @@
 #ifndef CHECK_H
 #define CHECK_H
 
-struct evhttp_request;
+struct http_request;
 struct worker;
 
 /* /check and /check/<path>: rest is the URI after "/check". */
-void check_forward(struct worker *w, struct evhttp_request *req, const char *rest);
+void check_forward(struct worker *w, struct http_request *req, const char *rest);
 /* POST /v1/check with a JSON body. */
-void check_json(struct worker *w, struct evhttp_request *req);
+void check_json(struct worker *w, struct http_request *req);
 /* Drain: answers every check still waiting (Redis or a shaping delay). */
 void check_finish_all(struct worker *w);
 /* Frees the worker's pool of idle checks. */

@@ -105,7 +105,7 @@ denycache_get(struct denycache *dc, const struct config *config,
 	e = &dc->slots[h1 & (DENYCACHE_SLOTS - 1)];
 	if (e->until_us <= now_us || e->h1 != h1 || e->h2 != h2 ||
 	    e->generation != config->generation || e->route != route ||
-	    cost < e->cost)
+	    cost != e->cost)
 		return 0;
 	*out = e->v;
 	aged_ms = (now_us - e->stored_us) / 1000;

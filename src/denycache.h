@@ -18,7 +18,8 @@ void denycache_free(struct denycache *dc);
 void denycache_put(struct denycache *dc, const struct config *config,
     const struct route *route, const struct limit_set *set, const char *client,
     long long cost, const struct verdict *v, long long now_us);
-/* A still-valid denial for this client and a cost at least the cached one,
+/* A still-valid denial for this client and the same cost (a bigger cost has
+ * a later retry time of its own),
  * with times aged to now; 1 on a hit. */
 int denycache_get(struct denycache *dc, const struct config *config,
     const struct route *route, const char *client, long long cost,

@@ -1,7 +1,7 @@
 /*
- * Endpoint dispatch and replies. Every reply goes through http_reply so that
- * status, content type and our rate-limit headers survive (evhttp_send_error
- * would replace them with text/html and Connection: close).
+ * Endpoint dispatch: the forward-auth and JSON checks go to check.c, the
+ * operations endpoints are answered here. Every reply carries its own
+ * content type; errors are JSON {"error": "..."}.
  */
 #define _GNU_SOURCE
 #include <stdarg.h>
@@ -10,49 +10,18 @@
 #include <string.h>
 
 #include <event2/buffer.h>
-#include <event2/http.h>
 #include <jansson.h>
 
 #include "check.h"
 #include "config.h"
 #include "http.h"
 #include "metrics.h"
+#include "server.h"
 #include "store.h"
 #include "worker.h"
 
-const char *
-http_reason(int status)
-{
-	switch (status) {
-	case 200: return "OK";
-	case 400: return "Bad Request";
-	case 403: return "Forbidden";
-	case 404: return "Not Found";
-	case 405: return "Method Not Allowed";
-	case 413: return "Payload Too Large";
-	case 429: return "Too Many Requests";
-	case 500: return "Internal Server Error";
-	case 503: return "Service Unavailable";
-	default: return status < 500 ? "Client Error" : "Server Error";
-	}
-}
-
 void
-http_reply(struct evhttp_request *req, int status, const char *content_type,
-    const char *body, size_t len)
-{
-	struct evbuffer *out = evhttp_request_get_output_buffer(req);
-	struct evkeyvalq *hdrs = evhttp_request_get_output_headers(req);
-
-	if (content_type)
-		evhttp_add_header(hdrs, "Content-Type", content_type);
-	if (len)
-		evbuffer_add(out, body, len);
-	evhttp_send_reply(req, status, http_reason(status), NULL);
-}
-
-void
-http_reply_json_error(struct evhttp_request *req, int status, const char *fmt, ...)
+http_reply_json_error(struct http_request *req, int status, const char *fmt, ...)
 {
 	char msg[512];
 	json_t *o;
@@ -64,23 +33,23 @@ http_reply_json_error(struct evhttp_request *req, int status, const char *fmt, .
 	va_end(ap);
 	o = json_pack("{s:s}", "error", msg);
 	s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
-	http_reply(req, status, "application/json", s, strlen(s));
+	request_reply(req, status, "application/json", s, strlen(s));
 	free(s);
 	json_decref(o);
 }
 
 static void
-reply_json(struct evhttp_request *req, int status, json_t *o)
+reply_json(struct http_request *req, int status, json_t *o)
 {
 	char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
 
-	http_reply(req, status, "application/json", s, strlen(s));
+	request_reply(req, status, "application/json", s, strlen(s));
 	free(s);
 	json_decref(o);
 }
 
 static void
-serve_readyz(struct worker *w, struct evhttp_request *req)
+serve_readyz(struct worker *w, struct http_request *req)
 {
 	enum store_state st = store_state(w->w_store);
 	int ready = w->w_config != NULL && st == STORE_UP && !w->w_draining;
@@ -90,23 +59,23 @@ serve_readyz(struct worker *w, struct evhttp_request *req)
 }
 
 static void
-serve_metrics(struct evhttp_request *req)
+serve_metrics(struct http_request *req)
 {
-	struct evbuffer *out = evhttp_request_get_output_buffer(req);
+	struct evbuffer *out = evbuffer_new();
 
 	metrics_render(out);
-	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
-	    "text/plain; version=0.0.4; charset=utf-8");
-	evhttp_send_reply(req, 200, "OK", NULL);
+	request_reply(req, 200, "text/plain; version=0.0.4; charset=utf-8",
+	    (const char *)evbuffer_pullup(out, -1), evbuffer_get_length(out));
+	evbuffer_free(out);
 }
 
 void
-http_dispatch(struct evhttp_request *req, void *arg)
+http_dispatch(struct http_request *req, void *arg)
 {
 	struct worker *w = arg;
-	const char *uri = evhttp_request_get_uri(req);
-	enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+	const char *uri = request_uri(req), *method = request_method(req);
 	size_t plen = strcspn(uri, "?#");
+	int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
 
 #define PATH_IS(s) (plen == sizeof(s) - 1 && strncmp(uri, s, plen) == 0)
 	if (plen >= 6 && strncmp(uri, "/check", 6) == 0 &&
@@ -115,25 +84,22 @@ http_dispatch(struct evhttp_request *req, void *arg)
 		return;
 	}
 	if (PATH_IS("/v1/check")) {
-		if (cmd != EVHTTP_REQ_POST) {
-			evhttp_add_header(evhttp_request_get_output_headers(req),
-			    "Allow", "POST");
+		if (strcmp(method, "POST") != 0) {
+			request_add_header(req, "Allow", "POST");
 			http_reply_json_error(req, 405, "use POST for /v1/check");
 			return;
 		}
 		check_json(w, req);
 		return;
 	}
-	if (cmd != EVHTTP_REQ_GET && cmd != EVHTTP_REQ_HEAD &&
-	    (PATH_IS("/healthz") || PATH_IS("/readyz") || PATH_IS("/metrics") ||
-	    PATH_IS("/v1/policy"))) {
-		evhttp_add_header(evhttp_request_get_output_headers(req), "Allow",
-		    "GET, HEAD");
+	if (!get && (PATH_IS("/healthz") || PATH_IS("/readyz") ||
+	    PATH_IS("/metrics") || PATH_IS("/v1/policy"))) {
+		request_add_header(req, "Allow", "GET, HEAD");
 		http_reply_json_error(req, 405, "use GET");
 		return;
 	}
 	if (PATH_IS("/healthz"))
-		http_reply(req, 200, "text/plain", "ok\n", 3);
+		request_reply(req, 200, "text/plain", "ok\n", 3);
 	else if (PATH_IS("/readyz"))
 		serve_readyz(w, req);
 	else if (PATH_IS("/metrics"))

@@ -69,6 +69,36 @@ log_escape(char *dst, size_t dstsize, const char *src, size_t srclen)
 	return dst;
 }
 
+/* A JSON string body: quotes, backslashes, control bytes and every byte
+ * of 0x80 or more as \u00XX, so a line is valid JSON whatever the input. */
+static void
+json_escape(char *dst, size_t size, const char *src)
+{
+	static const char hex[] = "0123456789abcdef";
+	size_t o = 0;
+
+	for (const unsigned char *p = (const unsigned char *)src; *p; p++) {
+		if (*p == '"' || *p == '\\') {
+			if (o + 2 >= size)
+				break;
+			dst[o++] = '\\';
+			dst[o++] = (char)*p;
+		} else if (*p < 0x20 || *p >= 0x7f) {
+			if (o + 6 >= size)
+				break;
+			memcpy(dst + o, "\\u00", 4);
+			dst[o + 4] = hex[*p >> 4];
+			dst[o + 5] = hex[*p & 0xf];
+			o += 6;
+		} else {
+			if (o + 1 >= size)
+				break;
+			dst[o++] = (char)*p;
+		}
+	}
+	dst[o] = '\0';
+}
+
 static void
 log_emit(const char *level, const char *msg, const char *err)
 {
@@ -83,13 +113,13 @@ log_emit(const char *level, const char *msg, const char *err)
 	snprintf(ts + n, sizeof(ts) - (size_t)n, ".%03ldZ", now.tv_nsec / 1000000);
 
 	if (log_format_current == LOG_FORMAT_JSON) {
-		char emsg[LOG_LINE_MAX];
+		char emsg[LOG_LINE_MAX], eerr[256];
 
-		/* msg is already free of raw untrusted bytes; escape for JSON. */
-		log_escape(emsg, sizeof(emsg), msg, strlen(msg));
+		json_escape(emsg, sizeof(emsg), msg);
+		json_escape(eerr, sizeof(eerr), err ? err : "");
 		n = snprintf(line, sizeof(line),
 		    "{\"ts\":\"%s\",\"level\":\"%s\",\"msg\":\"%s%s%s\"}\n",
-		    ts, level, emsg, err ? ": " : "", err ? err : "");
+		    ts, level, emsg, err ? ": " : "", eerr);
 	} else {
 		n = snprintf(line, sizeof(line), "%s %s %s%s%s\n", ts, level,
 		    msg, err ? ": " : "", err ? err : "");
@@ -168,20 +198,27 @@ log_access(const char *route, const char *key, size_t keylen, int status,
 	struct tm tm;
 	int n;
 
-	log_escape(ekey, sizeof(ekey), key, keylen);
 	if (log_format_current == LOG_FORMAT_TEXT) {
+		log_escape(ekey, sizeof(ekey), key, keylen);
 		snprintf(line, sizeof(line), "check route=%s key=\"%s\" status=%d "
 		    "result=%s cost=%lld us=%lld", route, ekey, status, result,
 		    cost, took_us);
 		log_emit("access", line, NULL);
 		return;
 	}
+	{
+		char raw[512];
+
+		snprintf(raw, sizeof(raw), "%.*s", (int)(keylen < sizeof(raw) - 1 ?
+		    keylen : sizeof(raw) - 1), key);
+		json_escape(ekey, sizeof(ekey), raw);
+	}
 	clock_gettime(CLOCK_REALTIME, &now);
 	gmtime_r(&now.tv_sec, &tm);
 	n = (int)strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
 	snprintf(ts + n, sizeof(ts) - (size_t)n, ".%03ldZ", now.tv_nsec / 1000000);
 	n = snprintf(line, sizeof(line), "{\"ts\":\"%s\",\"level\":\"access\","
-	    "\"route\":\"%s\",\"key\":\"%s\",\"status\":%d,\"result\":\"%s\","
+	    "\"msg\":\"check\",\"route\":\"%s\",\"key\":\"%s\",\"status\":%d,\"result\":\"%s\","
 	    "\"cost\":%lld,\"us\":%lld}\n", ts, route, ekey, status, result, cost,
 	    took_us);
 	if (n > 0 && (size_t)n < sizeof(line) && write(STDERR_FILENO, line, (size_t)n) < 0)

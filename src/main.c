@@ -224,6 +224,10 @@ on_signal(evutil_socket_t sig, short what, void *arg)
 	    "SIGINT", env->config->drain_timeout_us / 1000);
 	for (int i = 0; i < env->nworkers; i++)
 		worker_drain(env->workers[i]);
+	/* Workers close their duplicates as they drain; closing ours makes the
+	 * kernel refuse new connections at once instead of queueing them. */
+	close(env->listen_fd);
+	env->listen_fd = -1;
 	event_base_loopexit(env->base, NULL);
 }
 
@@ -304,7 +308,8 @@ run(const char *path)
 
 	for (int i = 0; i < env.nworkers; i++)
 		worker_join(env.workers[i]);
-	close(env.listen_fd);
+	if (env.listen_fd != -1)
+		close(env.listen_fd);
 	if (env.unix_path) {
 		unlink(env.unix_path);
 		free(env.unix_path);

@@ -20,10 +20,7 @@ struct worker {
 	int			 w_id;
 	pthread_t		 w_thread;
 	struct event_base	*w_base;
-	struct evhttp		*w_http;
-	struct evconnlistener	*w_listener;
-	struct evhttp_bound_socket *w_bound;
-	struct event		*w_accept_retry_ev; /* re-enable after EMFILE */
+	struct server		*w_server;	/* HTTP on the shared socket */
 	struct store		*w_store;
 	struct metrics		*w_metrics;
 	struct denycache	*w_denycache;
@@ -52,5 +49,12 @@ void worker_join(struct worker *w);
 
 /* Called by the check module when its last active check is done. */
 void worker_check_done(struct worker *w);
+
+/* Event priorities: Redis replies and client I/O run before the deadline
+ * timers of the same loop iteration, so a reply that has arrived is used
+ * even when its deadline expired while the thread was descheduled. */
+#define WORKER_PRIORITIES	3
+#define WORKER_PRIORITY_DEADLINE 2
+
 
 #endif

@@ -1,0 +1,795 @@
+/*
+ * The HTTP/1.1 server. libevent's evhttp costs five system calls per request
+ * (readv, an ioctl(FIONREAD), writev and two epoll_ctl, as it toggles read
+ * and write interest around every reply); a rate-limit check does so little
+ * else that those calls were most of its cost. Here a connection keeps one
+ * persistent level-triggered read event for its whole life, reads straight
+ * into its buffer, and writes the reply at once with a single write(2);
+ * only a reply the socket cannot take whole arms a write event. The parser
+ * works in place on the connection's buffer (NUL-terminating the request
+ * line and header fields), so a request allocates nothing.
+ *
+ * One request per connection is in the handler's hands at a time; bytes of
+ * pipelined requests wait in the buffer and are parsed after the reply. A
+ * connection whose peer leaves while its request is pending is kept until
+ * the reply, which is then dropped, so a handler never holds a dangling
+ * request.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+#include <event2/listener.h>
+
+#include "log.h"
+#include "server.h"
+#include "xmalloc.h"
+
+#define SERVER_HEADERS_COUNT_MAX 100
+#define SERVER_OUT_HEADERS_MAX	 4096	/* extra response headers, bytes */
+#define SERVER_IN_INITIAL	 4096
+#define SERVER_IN_LIMIT		 (SERVER_HEADERS_MAX + SERVER_BODY_MAX + 4096)
+#define SERVER_ACCEPT_RETRY_US	 100000	/* pause accepting on EMFILE */
+
+struct header {
+	const char	*name;
+	const char	*value;
+};
+
+struct http_request {
+	struct conn	*rq_conn;
+	const char	*rq_method;
+	const char	*rq_uri;
+	int		 rq_minor;		/* HTTP/1.rq_minor */
+	struct header	 rq_headers[SERVER_HEADERS_COUNT_MAX];
+	int		 rq_nheaders;
+	const char	*rq_body;
+	size_t		 rq_body_len;
+	int		 rq_keepalive;
+	int		 rq_head;		/* HEAD: headers only */
+	char		 rq_out[SERVER_OUT_HEADERS_MAX]; /* "Name: value\r\n"... */
+	size_t		 rq_out_len;
+};
+
+struct conn {
+	struct server	*c_server;
+	struct conn	*c_prev, *c_next;	/* the server's connections */
+	int		 c_fd;
+	struct event	*c_read_ev;		/* persistent, level-triggered */
+	struct event	*c_write_ev;		/* only while output is queued */
+	struct event	*c_idle_ev;
+	char		*c_in;
+	size_t		 c_in_len, c_in_cap;
+	int		 c_head_parsed;		/* c_req holds a parsed head */
+	size_t		 c_head_len;		/* bytes of the head in c_in */
+	size_t		 c_body_need;		/* Content-Length */
+	size_t		 c_req_len;		/* head + body, once complete */
+	char		*c_out;
+	size_t		 c_out_len, c_out_off, c_out_cap;
+	int		 c_pending;		/* a request is with the handler */
+	int		 c_processing;		/* inside conn_process */
+	int		 c_read_paused;		/* buffer full while pending */
+	int		 c_closing;		/* close once the output is out */
+	int		 c_eof;			/* peer sent FIN: no more input */
+	int		 c_dead;		/* unusable; free after the reply */
+	int		 c_continue_sent;	/* 100 Continue for this request */
+	int		 c_has_peer;
+	char		 c_peer[INET6_ADDRSTRLEN];
+	struct http_request c_req;
+};
+
+struct server {
+	struct event_base	*s_base;
+	struct evconnlistener	*s_listener;
+	struct event		*s_accept_retry_ev;
+	const struct timeval	*s_idle;	/* a libevent common timeout */
+	server_handler		 s_handler;
+	void			*s_arg;
+	struct conn		*s_conns;
+};
+
+static void conn_process(struct conn *);
+
+static const char *
+reason(int status)
+{
+	switch (status) {
+	case 100: return "Continue";
+	case 200: return "OK";
+	case 400: return "Bad Request";
+	case 403: return "Forbidden";
+	case 404: return "Not Found";
+	case 405: return "Method Not Allowed";
+	case 411: return "Length Required";
+	case 413: return "Payload Too Large";
+	case 429: return "Too Many Requests";
+	case 431: return "Request Header Fields Too Large";
+	case 500: return "Internal Server Error";
+	case 501: return "Not Implemented";
+	case 503: return "Service Unavailable";
+	case 505: return "HTTP Version Not Supported";
+	default: return status < 500 ? "Client Error" : "Server Error";
+	}
+}
+
+static void
+conn_free(struct conn *c)
+{
+	struct server *srv = c->c_server;
+
+	if (c->c_prev)
+		c->c_prev->c_next = c->c_next;
+	else
+		srv->s_conns = c->c_next;
+	if (c->c_next)
+		c->c_next->c_prev = c->c_prev;
+	event_free(c->c_read_ev);
+	event_free(c->c_write_ev);
+	event_free(c->c_idle_ev);
+	close(c->c_fd);
+	free(c->c_in);
+	free(c->c_out);
+	free(c);
+}
+
+/*
+ * Frees the connection if nothing needs it any more. Called only where no
+ * caller up the stack touches the connection afterwards: the ends of the
+ * event callbacks, of conn_process, and of a reply made outside it.
+ */
+static void
+conn_settle(struct conn *c)
+{
+	if (c->c_pending || c->c_processing)
+		return;
+	if (c->c_dead || ((c->c_closing || c->c_eof) && c->c_out_len == 0))
+		conn_free(c);
+}
+
+/* Writes queued output; on EAGAIN arms the write event. */
+static void
+conn_flush(struct conn *c)
+{
+	while (c->c_out_off < c->c_out_len) {
+		ssize_t n = write(c->c_fd, c->c_out + c->c_out_off,
+		    c->c_out_len - c->c_out_off);
+
+		if (n > 0) {
+			c->c_out_off += (size_t)n;
+			continue;
+		}
+		if (n == -1 && errno == EINTR)
+			continue;
+		if (n == -1 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			event_add(c->c_write_ev, NULL);
+			return;
+		}
+		c->c_dead = 1;		/* EPIPE, ECONNRESET: the peer is gone */
+		event_del(c->c_read_ev);
+		return;
+	}
+	c->c_out_off = c->c_out_len = 0;
+}
+
+static void
+conn_out_append(struct conn *c, const char *data, size_t len)
+{
+	if (c->c_out_len + len > c->c_out_cap) {
+		c->c_out_cap = (c->c_out_len + len) * 2;
+		c->c_out = xrealloc(c->c_out, c->c_out_cap);
+	}
+	memcpy(c->c_out + c->c_out_len, data, len);
+	c->c_out_len += len;
+}
+
+static void
+on_write(evutil_socket_t fd, short what, void *arg)
+{
+	struct conn *c = arg;
+
+	(void)fd;
+	(void)what;
+	conn_flush(c);
+	conn_settle(c);
+}
+
+/* Answers a protocol error the handler never saw, then closes. */
+static void
+conn_error(struct conn *c, int status, const char *msg)
+{
+	char buf[512];
+	int n;
+
+	n = snprintf(buf, sizeof(buf), "HTTP/1.1 %d %s\r\nContent-Type: "
+	    "application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n"
+	    "{\"error\":\"%s\"}", status, reason(status), strlen(msg) + 12, msg);
+	conn_out_append(c, buf, (size_t)n);
+	c->c_closing = 1;
+	event_del(c->c_read_ev);	/* whatever follows is not a request */
+	conn_flush(c);
+}
+
+static int
+is_tchar(int ch)
+{
+	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+	    (ch >= '0' && ch <= '9') || (ch && strchr("!#$%&'*+-.^_`|~", ch));
+}
+
+/* The length of the head including its blank line, or 0 if incomplete.
+ * Bare LF line ends are accepted. */
+static size_t
+find_head_end(const char *buf, size_t len)
+{
+	const char *p = buf, *end = buf + len;
+
+	while ((p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+		if (p + 1 < end && p[1] == '\n')
+			return (size_t)(p + 2 - buf);
+		if (p + 2 < end && p[1] == '\r' && p[2] == '\n')
+			return (size_t)(p + 3 - buf);
+		p++;
+	}
+	return 0;
+}
+
+/* Cuts the next line (ending in LF or CRLF) at *p, NUL-terminating it. */
+static char *
+next_line(char **p, char *end)
+{
+	char *line = *p, *nl = memchr(line, '\n', (size_t)(end - line));
+
+	if (nl == NULL)
+		return NULL;
+	*nl = '\0';
+	if (nl > line && nl[-1] == '\r')
+		nl[-1] = '\0';
+	*p = nl + 1;
+	return line;
+}
+
+/* Parses the head in place; 0, or an HTTP error status with *why. */
+static int
+parse_head(struct http_request *rq, char *buf, size_t head_len, const char **why)
+{
+	char *p = buf, *end = buf + head_len, *line, *sp1, *sp2;
+
+	if (memchr(buf, '\0', head_len)) {
+		*why = "NUL byte in the request head";
+		return 400;
+	}
+	/* Empty lines before the request line are ignored (RFC 9112 2.2). */
+	do {
+		if ((line = next_line(&p, end)) == NULL) {
+			*why = "malformed request line";
+			return 400;
+		}
+	} while (*line == '\0' && p < end);
+	sp1 = strchr(line, ' ');
+	sp2 = sp1 ? strchr(sp1 + 1, ' ') : NULL;
+	if (sp1 == NULL || sp2 == NULL || sp1 == line || sp2 == sp1 + 1 ||
+	    strchr(sp2 + 1, ' ')) {
+		*why = "malformed request line";
+		return 400;
+	}
+	*sp1 = *sp2 = '\0';
+	for (const char *m = line; *m; m++)
+		if (!is_tchar((unsigned char)*m)) {
+			*why = "malformed method";
+			return 400;
+		}
+	for (const char *u = sp1 + 1; *u; u++)
+		if ((unsigned char)*u <= 0x20 || *u == 0x7f) {
+			*why = "malformed request target";
+			return 400;
+		}
+	if (strncmp(sp2 + 1, "HTTP/", 5) != 0) {
+		*why = "malformed request line";
+		return 400;
+	}
+	if (strncmp(sp2 + 1, "HTTP/1.", 7) != 0 || (sp2[8] != '0' &&
+	    sp2[8] != '1') || sp2[9] != '\0') {
+		*why = "unsupported HTTP version";
+		return 505;
+	}
+	rq->rq_method = line;
+	rq->rq_uri = sp1 + 1;
+	rq->rq_minor = sp2[8] - '0';
+	rq->rq_nheaders = 0;
+	while ((line = next_line(&p, end)) != NULL && *line != '\0') {
+		char *colon = strchr(line, ':'), *v, *ve;
+
+		if (*line == ' ' || *line == '\t') {
+			*why = "obsolete header line folding";
+			return 400;
+		}
+		if (colon == NULL || colon == line) {
+			*why = "malformed header line";
+			return 400;
+		}
+		*colon = '\0';
+		for (const char *n = line; *n; n++)
+			if (!is_tchar((unsigned char)*n)) {
+				*why = "malformed header name";
+				return 400;
+			}
+		v = colon + 1;
+		while (*v == ' ' || *v == '\t')
+			v++;
+		ve = v + strlen(v);
+		while (ve > v && (ve[-1] == ' ' || ve[-1] == '\t'))
+			*--ve = '\0';
+		/* Other control bytes pass (nginx forwards them too); the
+		 * daemon escapes whatever it logs. A bare CR could split lines
+		 * for a less careful reader downstream. */
+		if (strchr(v, '\r')) {
+			*why = "bare CR in a header value";
+			return 400;
+		}
+		if (rq->rq_nheaders == SERVER_HEADERS_COUNT_MAX) {
+			*why = "too many header fields";
+			return 431;
+		}
+		rq->rq_headers[rq->rq_nheaders].name = line;
+		rq->rq_headers[rq->rq_nheaders++].value = v;
+	}
+	return 0;
+}
+
+/* Does a comma-separated header value list this token? */
+static int
+has_token(const char *value, const char *token)
+{
+	size_t tl = strlen(token);
+
+	for (const char *p = value; p && *p;) {
+		while (*p == ' ' || *p == '\t' || *p == ',')
+			p++;
+		if (strncasecmp(p, token, tl) == 0 &&
+		    (p[tl] == '\0' || p[tl] == ',' || p[tl] == ' ' || p[tl] == '\t'))
+			return 1;
+		p = strchr(p, ',');
+	}
+	return 0;
+}
+
+/* Moves the parsed request's pointers after c_in moved in memory. */
+static void
+request_rebase(struct http_request *rq, const char *old, char *new)
+{
+#define REBASE(ptr) do { if (ptr) (ptr) = new + ((ptr) - old); } while (0)
+	REBASE(rq->rq_method);
+	REBASE(rq->rq_uri);
+	for (int i = 0; i < rq->rq_nheaders; i++) {
+		REBASE(rq->rq_headers[i].name);
+		REBASE(rq->rq_headers[i].value);
+	}
+#undef REBASE
+}
+
+/* Makes room for `need` bytes of input in total; 0, or -1 past the limit. */
+static int
+conn_in_reserve(struct conn *c, size_t need)
+{
+	size_t cap = c->c_in_cap;
+	char *old = c->c_in;
+
+	if (need <= cap)
+		return 0;
+	if (need > SERVER_IN_LIMIT)
+		return -1;
+	while (cap < need)
+		cap *= 2;
+	if (cap > SERVER_IN_LIMIT)
+		cap = SERVER_IN_LIMIT;
+	c->c_in = xrealloc(c->c_in, cap);
+	c->c_in_cap = cap;
+	if (c->c_head_parsed && c->c_in != old)
+		request_rebase(&c->c_req, old, c->c_in);
+	return 0;
+}
+
+/* Parses the head of the next request; 0 ok, 1 incomplete, -1 answered. */
+static int
+conn_parse_head(struct conn *c)
+{
+	struct http_request *rq = &c->c_req;
+	const char *why = NULL, *cl, *conn_hdr;
+	size_t head_len = find_head_end(c->c_in, c->c_in_len);
+	unsigned long long body = 0;
+	int status;
+
+	if (head_len == 0 || head_len > SERVER_HEADERS_MAX) {
+		if (head_len > SERVER_HEADERS_MAX || c->c_in_len > SERVER_HEADERS_MAX) {
+			conn_error(c, 431, "request head larger than 16 KiB");
+			return -1;
+		}
+		return 1;
+	}
+	memset(rq, 0, offsetof(struct http_request, rq_out));
+	rq->rq_conn = c;
+	if ((status = parse_head(rq, c->c_in, head_len, &why)) != 0) {
+		conn_error(c, status, why);
+		return -1;
+	}
+	if (request_header(rq, "Transfer-Encoding")) {
+		/* Chunked bodies have no use here; refusing keeps framing safe. */
+		conn_error(c, 411, "send a Content-Length body, not Transfer-Encoding");
+		return -1;
+	}
+	for (int i = 0; i < rq->rq_nheaders; i++)
+		if (strcasecmp(rq->rq_headers[i].name, "Content-Length") == 0 &&
+		    strcmp(rq->rq_headers[i].value, request_header(rq,
+		    "Content-Length")) != 0) {
+			/* Two lengths: a request-smuggling attempt; refuse. */
+			conn_error(c, 400, "conflicting Content-Length headers");
+			return -1;
+		}
+	if ((cl = request_header(rq, "Content-Length")) != NULL) {
+		const char *d = cl;
+
+		if (*d == '\0') {
+			conn_error(c, 400, "malformed Content-Length");
+			return -1;
+		}
+		for (; *d; d++) {
+			if (*d < '0' || *d > '9') {
+				conn_error(c, 400, "malformed Content-Length");
+				return -1;
+			}
+			body = body * 10 + (unsigned long long)(*d - '0');
+			if (body > SERVER_BODY_MAX) {
+				conn_error(c, 413, "request body larger than 64 KiB");
+				return -1;
+			}
+		}
+	}
+	conn_hdr = request_header(rq, "Connection");
+	rq->rq_keepalive = rq->rq_minor == 1 ? !(conn_hdr && has_token(conn_hdr, "close")) :
+	    (conn_hdr && has_token(conn_hdr, "keep-alive"));
+	rq->rq_head = strcmp(rq->rq_method, "HEAD") == 0;
+	c->c_head_parsed = 1;
+	c->c_head_len = head_len;
+	c->c_body_need = (size_t)body;
+	c->c_continue_sent = 0;
+	if (conn_in_reserve(c, head_len + (size_t)body) == -1) {
+		conn_error(c, 413, "request too large");
+		return -1;
+	}
+	return 0;
+}
+
+/* Hands complete requests to the handler, one at a time, until one is
+ * pending, input runs out, or the connection is closing. */
+static void
+conn_process(struct conn *c)
+{
+	struct server *srv = c->c_server;
+	struct http_request *rq = &c->c_req;
+
+	if (c->c_processing)
+		return;
+	c->c_processing = 1;
+	while (!c->c_pending && !c->c_closing && !c->c_dead && c->c_in_len > 0) {
+		if (!c->c_head_parsed && conn_parse_head(c) != 0)
+			break;
+		if (c->c_in_len < c->c_head_len + c->c_body_need) {
+			const char *expect = request_header(rq, "Expect");
+
+			if (expect && strcasecmp(expect, "100-continue") == 0 &&
+			    rq->rq_minor == 1 && !c->c_continue_sent) {
+				static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+
+				conn_out_append(c, cont, sizeof(cont) - 1);
+				conn_flush(c);
+				c->c_continue_sent = 1;
+			}
+			break;
+		}
+		rq->rq_body = c->c_in + c->c_head_len;
+		rq->rq_body_len = c->c_body_need;
+		c->c_req_len = c->c_head_len + c->c_body_need;
+		rq->rq_out_len = 0;
+		c->c_pending = 1;
+		srv->s_handler(rq, srv->s_arg);
+	}
+	c->c_processing = 0;
+	conn_settle(c);
+}
+
+static void
+on_read(evutil_socket_t fd, short what, void *arg)
+{
+	struct conn *c = arg;
+	ssize_t n;
+
+	(void)what;
+	if (c->c_in_cap - c->c_in_len < 1024 &&
+	    conn_in_reserve(c, c->c_in_cap * 2) == -1 &&
+	    c->c_in_len == c->c_in_cap) {
+		/* Full: only pipelined bytes behind a pending request get here. */
+		event_del(c->c_read_ev);
+		c->c_read_paused = 1;
+		return;
+	}
+	n = read(fd, c->c_in + c->c_in_len, c->c_in_cap - c->c_in_len);
+	if (n > 0) {
+		c->c_in_len += (size_t)n;
+		if (!c->c_pending)
+			event_add(c->c_idle_ev, c->c_server->s_idle);
+		conn_process(c);
+		return;
+	}
+	if (n == -1 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return;
+	/* EOF (a half-close still gets its replies) or a reset. */
+	event_del(c->c_read_ev);
+	if (n == 0)
+		c->c_eof = 1;
+	else
+		c->c_dead = 1;
+	conn_settle(c);
+}
+
+static void
+on_idle(evutil_socket_t fd, short what, void *arg)
+{
+	struct conn *c = arg;
+
+	(void)fd;
+	(void)what;
+	if (c->c_pending) {
+		/* The handler's own deadline answers it; wait for that. */
+		event_add(c->c_idle_ev, c->c_server->s_idle);
+		return;
+	}
+	c->c_dead = 1;
+	conn_settle(c);
+}
+
+static void
+on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
+    int salen, void *arg)
+{
+	struct server *srv = arg;
+	struct conn *c = xcalloc(1, sizeof(*c));
+	int one = 1;
+
+	(void)lev;
+	(void)salen;
+	c->c_server = srv;
+	c->c_fd = fd;
+	if (sa->sa_family == AF_INET || sa->sa_family == AF_INET6) {
+		const void *addr = sa->sa_family == AF_INET ?
+		    (const void *)&((struct sockaddr_in *)sa)->sin_addr :
+		    (const void *)&((struct sockaddr_in6 *)sa)->sin6_addr;
+
+		/* Replies are one small write: send it now, not after 40 ms. */
+		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		c->c_has_peer = inet_ntop(sa->sa_family, addr, c->c_peer,
+		    sizeof(c->c_peer)) != NULL;
+	}
+	c->c_in_cap = SERVER_IN_INITIAL;
+	c->c_in = xmalloc(c->c_in_cap);
+	c->c_read_ev = event_new(srv->s_base, fd, EV_READ | EV_PERSIST, on_read, c);
+	c->c_write_ev = event_new(srv->s_base, fd, EV_WRITE, on_write, c);
+	c->c_idle_ev = evtimer_new(srv->s_base, on_idle, c);
+	c->c_next = srv->s_conns;
+	if (srv->s_conns)
+		srv->s_conns->c_prev = c;
+	srv->s_conns = c;
+	event_add(c->c_read_ev, NULL);
+	event_add(c->c_idle_ev, srv->s_idle);
+}
+
+/* Out of descriptors: pause accepting instead of spinning on EMFILE. */
+static void
+on_accept_error(struct evconnlistener *lev, void *arg)
+{
+	struct server *srv = arg;
+	struct timeval tv = { 0, SERVER_ACCEPT_RETRY_US };
+	int err = EVUTIL_SOCKET_ERROR();
+
+	if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+		log_warnx("accept: %s; pausing for %d ms", strerror(err),
+		    SERVER_ACCEPT_RETRY_US / 1000);
+		evconnlistener_disable(lev);
+		event_add(srv->s_accept_retry_ev, &tv);
+	}
+}
+
+static void
+on_accept_retry(evutil_socket_t fd, short what, void *arg)
+{
+	struct server *srv = arg;
+
+	(void)fd;
+	(void)what;
+	if (srv->s_listener)
+		evconnlistener_enable(srv->s_listener);
+}
+
+struct server *
+server_new(struct event_base *base, int listen_fd, server_handler handler,
+    void *arg)
+{
+	struct server *srv = xcalloc(1, sizeof(*srv));
+	int fd;
+
+	srv->s_base = base;
+	srv->s_handler = handler;
+	srv->s_arg = arg;
+	server_set_idle_timeout(srv, 60LL * 1000000);
+	if ((fd = dup(listen_fd)) == -1)
+		fatal("dup");
+	srv->s_listener = evconnlistener_new(base, on_accept, srv,
+	    LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
+	if (srv->s_listener == NULL)
+		fatalx("cannot listen");
+	evconnlistener_set_error_cb(srv->s_listener, on_accept_error);
+	srv->s_accept_retry_ev = evtimer_new(base, on_accept_retry, srv);
+	return srv;
+}
+
+void
+server_set_idle_timeout(struct server *srv, long long us)
+{
+	struct timeval tv = { (time_t)(us / 1000000), (suseconds_t)(us % 1000000) };
+
+	/* One common timeout queue: O(1) re-arming on every request. */
+	srv->s_idle = event_base_init_common_timeout(srv->s_base, &tv);
+}
+
+void
+server_stop_accepting(struct server *srv)
+{
+	if (srv->s_listener) {
+		evconnlistener_free(srv->s_listener);
+		srv->s_listener = NULL;
+	}
+	event_del(srv->s_accept_retry_ev);
+}
+
+void
+server_free(struct server *srv)
+{
+	if (srv == NULL)
+		return;
+	server_stop_accepting(srv);
+	while (srv->s_conns)
+		conn_free(srv->s_conns);
+	event_free(srv->s_accept_retry_ev);
+	free(srv);
+}
+
+const char *
+request_method(const struct http_request *req)
+{
+	return req->rq_method;
+}
+
+const char *
+request_uri(const struct http_request *req)
+{
+	return req->rq_uri;
+}
+
+const char *
+request_header(const struct http_request *req, const char *name)
+{
+	for (int i = 0; i < req->rq_nheaders; i++)
+		if (strcasecmp(req->rq_headers[i].name, name) == 0)
+			return req->rq_headers[i].value;
+	return NULL;
+}
+
+const char *
+request_header_list(const struct http_request *req, const char *name,
+    char *buf, size_t size)
+{
+	const char *first = NULL;
+	size_t o = 0;
+	int n = 0;
+
+	for (int i = 0; i < req->rq_nheaders; i++) {
+		const char *v = req->rq_headers[i].value;
+		size_t vl = strlen(v);
+
+		if (strcasecmp(req->rq_headers[i].name, name) != 0)
+			continue;
+		if (n++ == 0)
+			first = v;
+		if (o + vl + 3 > size)
+			break;		/* keep what fits: the walk is right to left */
+		if (o) {
+			memcpy(buf + o, ", ", 2);
+			o += 2;
+		}
+		memcpy(buf + o, v, vl);
+		o += vl;
+	}
+	if (n <= 1)
+		return first;
+	buf[o] = '\0';
+	return buf;
+}
+
+const char *
+request_body(const struct http_request *req, size_t *len)
+{
+	*len = req->rq_body_len;
+	return req->rq_body;
+}
+
+const char *
+request_peer(const struct http_request *req)
+{
+	return req->rq_conn->c_has_peer ? req->rq_conn->c_peer : NULL;
+}
+
+void
+request_add_header(struct http_request *req, const char *name, const char *value)
+{
+	size_t nl = strlen(name), vl = strlen(value);
+
+	if (req->rq_out_len + nl + vl + 4 > sizeof(req->rq_out))
+		return;		/* cannot happen with our few, short headers */
+	memcpy(req->rq_out + req->rq_out_len, name, nl);
+	req->rq_out_len += nl;
+	memcpy(req->rq_out + req->rq_out_len, ": ", 2);
+	req->rq_out_len += 2;
+	memcpy(req->rq_out + req->rq_out_len, value, vl);
+	req->rq_out_len += vl;
+	memcpy(req->rq_out + req->rq_out_len, "\r\n", 2);
+	req->rq_out_len += 2;
+}
+
+void
+request_reply(struct http_request *req, int status, const char *content_type,
+    const char *body, size_t len)
+{
+	struct conn *c = req->rq_conn;
+	char head[256];
+	int n;
+
+	c->c_pending = 0;
+	if (!c->c_dead) {
+		n = snprintf(head, sizeof(head), "HTTP/1.%d %d %s\r\n%s%s%s"
+		    "Content-Length: %zu\r\n%s", req->rq_minor, status, reason(status),
+		    content_type ? "Content-Type: " : "",
+		    content_type ? content_type : "", content_type ? "\r\n" : "", len,
+		    !req->rq_keepalive ? "Connection: close\r\n" :
+		    req->rq_minor == 0 ? "Connection: keep-alive\r\n" : "");
+		conn_out_append(c, head, (size_t)n);
+		conn_out_append(c, req->rq_out, req->rq_out_len);
+		conn_out_append(c, "\r\n", 2);
+		if (!req->rq_head && len)
+			conn_out_append(c, body, len);
+		if (!req->rq_keepalive)
+			c->c_closing = 1;
+		if (c->c_out_off == 0)
+			conn_flush(c);	/* else the write event is armed already */
+	}
+	/* Drop the request's bytes; pipelined ones move to the front. */
+	memmove(c->c_in, c->c_in + c->c_req_len, c->c_in_len - c->c_req_len);
+	c->c_in_len -= c->c_req_len;
+	c->c_req_len = 0;
+	c->c_head_parsed = 0;
+	if (c->c_read_paused && !c->c_dead && !c->c_eof) {
+		c->c_read_paused = 0;
+		event_add(c->c_read_ev, NULL);
+	}
+	if (!c->c_dead && !c->c_eof)
+		event_add(c->c_idle_ev, c->c_server->s_idle);
+	if (!c->c_processing)
+		conn_process(c);	/* pipelined requests; may free c */
+}

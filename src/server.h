@@ -1,0 +1,48 @@
+/*
+ * A lean HTTP/1.1 server on the libevent loop: keep-alive, pipelining,
+ * Content-Length bodies, size limits, idle timeout, and exactly one read and
+ * one write per request on the hot path. A handler gets a request and must
+ * answer it exactly once with request_reply, now or later.
+ */
+#ifndef SERVER_H
+#define SERVER_H
+
+#include <stddef.h>
+
+struct event_base;
+struct server;
+struct http_request;
+
+#define SERVER_HEADERS_MAX	16384	/* request line + headers, bytes */
+#define SERVER_BODY_MAX		65536	/* request body, bytes */
+
+typedef void (*server_handler)(struct http_request *req, void *arg);
+
+struct server *server_new(struct event_base *base, int listen_fd,
+    server_handler handler, void *arg);
+void server_set_idle_timeout(struct server *srv, long long us);
+/* Stops accepting; connections already open keep being served. */
+void server_stop_accepting(struct server *srv);
+/* Closes every connection. Every request must have been answered. */
+void server_free(struct server *srv);
+
+const char *request_method(const struct http_request *req);
+/* The request target as sent (path and query). */
+const char *request_uri(const struct http_request *req);
+/* A header's value (case-insensitive name; the first if repeated) or NULL. */
+const char *request_header(const struct http_request *req, const char *name);
+/* A header sent on several lines, joined with ", " as one list (RFC 9110
+ * 5.3) into buf; the value itself when sent once; NULL when absent. */
+const char *request_header_list(const struct http_request *req,
+    const char *name, char *buf, size_t size);
+const char *request_body(const struct http_request *req, size_t *len);
+/* The peer's IP address as text, or NULL for a unix socket peer. */
+const char *request_peer(const struct http_request *req);
+/* Adds a response header; both strings must be free of CR and LF. */
+void request_add_header(struct http_request *req, const char *name,
+    const char *value);
+/* Sends the reply; the request must not be touched afterwards. */
+void request_reply(struct http_request *req, int status,
+    const char *content_type, const char *body, size_t len);
+
+#endif

@@ -1,0 +1,153 @@
+"""Graceful stop (SPEC §2): SIGTERM/SIGINT stop accepting, finish the checks
+in flight (at most server.drain_timeout), close Redis and exit 0. Checks in
+flight are held by a leaky_bucket with `delay: true`, whose allowed replies
+wait for their turn."""
+import signal
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+from conftest import wait_until
+from ops_helpers import (check, ops_daemon, policy, route, scrape, terminate,  # noqa: F401
+                         wait_exit)
+
+SHAPED = '{algorithm: leaky_bucket, rate: "%s", burst: 5, delay: true}'
+
+
+def shaped_policy(rate="2/s", drain="5s"):
+    return policy(route("lb", "/lb/", SHAPED % rate),
+                  server="  drain_timeout: %s\n" % drain)
+
+
+def fire(d, n, key="held"):
+    """n concurrent checks on fresh connections; returns (threads, results)
+    where results[i] is (status, seconds) or the exception's repr."""
+    results = [None] * n
+
+    def one(i):
+        t0 = time.monotonic()
+        try:
+            r = requests.get(d.url("/check/lb/x"), timeout=15,
+                             headers={"X-Key": key, "Connection": "close"})
+            results[i] = (r.status_code, time.monotonic() - t0,
+                          r.headers.get("X-RateLimit-Remaining"))
+        except requests.RequestException as e:
+            results[i] = repr(e)
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads, results
+
+
+def held(d, n):
+    return wait_until(lambda: scrape(d).get("ratelimitd_in_flight") >= n, timeout=3)
+
+
+def connect_refused(port):
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=0.5)
+    except ConnectionRefusedError:
+        return True
+    s.close()
+    return False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_stop_answers_held_checks_and_exits_0(ops_daemon, sig):
+    """rate 2/s, burst 5, five at once: one answered now, four held for
+    0.5..2 s. The stop signal comes while they wait: all five are answered
+    200 (allowed, not dropped), then the process exits 0 within
+    drain_timeout + 1 s."""
+    d = ops_daemon(shaped_policy("2/s", "5s"))
+    threads, results = fire(d, 5)
+    assert held(d, 4), "checks were not held"
+    t0 = terminate(d, sig)
+    for t in threads:
+        t.join(15)
+    code = wait_exit(d, 6.0 - (time.monotonic() - t0))
+    took = time.monotonic() - t0
+    assert results == [r for r in results if isinstance(r, tuple)], results
+    assert [r[0] for r in results] == [200] * 5, results
+    assert code == 0, "exit code %r after %.1fs:\n%s" % (code, took, d.log())
+    assert took <= 5.0 + 1.0
+
+
+def test_new_connections_refused_while_draining(ops_daemon):
+    """Once the drain starts nobody new gets in: a connect is refused (not
+    accepted into a backlog nobody serves) while held checks finish."""
+    d = ops_daemon(shaped_policy("1/s", "5s"))
+    threads, results = fire(d, 5)
+    assert held(d, 4)
+    terminate(d)
+    try:
+        refused = wait_until(lambda: connect_refused(d.port), timeout=1.0)
+        still_draining = d.proc.poll() is None
+    finally:
+        for t in threads:
+            t.join(15)
+        wait_exit(d, 7)
+    assert still_draining, "daemon exited before the held checks finished"
+    assert refused, "a new connection was accepted 1 s into the drain"
+    assert [r[0] if isinstance(r, tuple) else r for r in results] == [200] * 5
+
+
+def test_drain_timeout_cuts_the_wait(ops_daemon):
+    """rate 1/s, burst 5: the last held check would wait 4 s, but
+    drain_timeout is 1s: every check is still answered, and the process
+    exits 0 within drain_timeout + 1 s."""
+    d = ops_daemon(shaped_policy("1/s", "1s"))
+    threads, results = fire(d, 5)
+    assert held(d, 4)
+    t0 = terminate(d)
+    code = wait_exit(d, 2.5)
+    took = time.monotonic() - t0
+    for t in threads:
+        t.join(5)
+    assert code == 0, "exit code %r after %.1fs:\n%s" % (code, took, d.log())
+    assert took <= 1.0 + 1.0, took
+    assert all(isinstance(r, tuple) for r in results), results
+    # held checks were allowed by the limiter: cut short, they still pass
+    assert [r[0] for r in results] == [200] * 5, results
+
+
+def test_idle_keepalive_connection_does_not_block_exit(ops_daemon):
+    d = ops_daemon(shaped_policy("2/s", "2s"))
+    s = requests.Session()
+    assert s.get(d.url("/healthz"), timeout=2).status_code == 200
+    assert s.get(d.url("/check/lb/x"), headers={"X-Key": "k"}, timeout=2).status_code == 200
+    t0 = terminate(d)
+    code = wait_exit(d, 3.5)
+    assert code == 0, d.log()
+    assert time.monotonic() - t0 <= 2.0 + 1.0
+    s.close()
+
+
+def test_stop_with_redis_down_exits_0(ops_daemon, redis_server):
+    d = ops_daemon(shaped_policy("2/s", "2s"))
+    redis_server.kill()
+    r = check(d, "/check/lb/x", headers={"X-Key": "k"})
+    assert r.status_code == 200 and r.headers.get("X-RateLimit-Remaining") == "-1"
+    t0 = terminate(d)
+    assert wait_exit(d, 3.5) == 0, d.log()
+    assert time.monotonic() - t0 <= 2.0 + 1.0
+
+
+def test_two_workers_drain_and_ignore_sighup(ops_daemon):
+    """workers: 2, checks held on both (two clients, five each), a SIGHUP
+    during the drain changes nothing: every check answered 200, exit 0."""
+    d = ops_daemon(policy(route("lb", "/lb/", SHAPED % "4/s"),
+                          server="  workers: 2\n  drain_timeout: 5s\n"))
+    t1, r1 = fire(d, 5, key="w1")
+    t2, r2 = fire(d, 5, key="w2")
+    assert held(d, 6)
+    t0 = terminate(d)
+    time.sleep(0.1)
+    d.signal(signal.SIGHUP)
+    for t in t1 + t2:
+        t.join(15)
+    code = wait_exit(d, 6.0 - (time.monotonic() - t0))
+    assert code == 0, d.log()
+    assert [r[0] if isinstance(r, tuple) else r for r in r1 + r2] == [200] * 10

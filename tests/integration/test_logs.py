@@ -1,0 +1,210 @@
+"""Logging (the contract's `log:` section, SPEC §8, STYLE 19): JSON lines,
+one access line per check, untrusted bytes escaped, and levels.
+
+    log: { level: info, format: text, access: false }
+
+Access lines in the text format carry `route=NAME` and `status=CODE`."""
+import json
+import re
+import signal
+import socket
+import time
+
+from conftest import wait_until
+from ops_helpers import (check, fw, ops_daemon, policy, route, scrape, terminate,  # noqa: F401
+                         vcheck, wait_exit)
+
+ROUTES = route("api", "/api/", fw(2))
+
+
+def log_policy(log, routes=ROUTES):
+    return policy(routes, top="log: %s\n" % log)
+
+
+def log_bytes(d):
+    with open(d.log_path, "rb") as f:
+        return f.read()
+
+
+def access_lines(d):
+    return [l for l in d.log().splitlines() if "status=" in l and "route=" in l]
+
+
+def reload_errors(d):
+    return scrape(d).get("ratelimitd_config_reloads_total", result="error")
+
+
+def raw_check(port, path, headers=b""):
+    """One check over a raw socket (for header bytes clients refuse to send)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=3)
+    try:
+        s.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" +
+                  headers + b"\r\n")
+        buf = b""
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            buf += b
+        return int(buf.split(b" ", 2)[1])
+    finally:
+        s.close()
+
+
+def json_lines(d):
+    out = []
+    for raw in log_bytes(d).split(b"\n"):
+        if not raw:
+            continue
+        try:
+            o = json.loads(raw)     # also requires valid UTF-8
+        except ValueError as e:
+            raise AssertionError("log line is not JSON (%s): %r" % (e, raw))
+        assert isinstance(o, dict), raw
+        for k in ("ts", "level"):
+            assert isinstance(o.get(k), str) and o[k], (k, raw)
+        if o["level"] == "access":      # structured: route, key, status, ...
+            assert isinstance(o.get("status"), int) and "route" in o, raw
+        else:
+            assert isinstance(o.get("msg"), str) and o["msg"], raw
+        out.append(o)
+    return out
+
+
+def test_json_log_every_line_parses(ops_daemon):
+    """format json: every stderr line is a JSON object with ts and level,
+    and msg (access lines: route, status, ...), across startup, access lines
+    (with hostile keys), a good and a bad reload and the drain."""
+    d = ops_daemon(log_policy("{format: json, access: true}"))
+    check(d, "/check/api/x", headers={"X-Key": "plain"})
+    raw_check(d.port, b"/check/api/x",
+              b"X-Key: a\x01b\"c\\d\x7f\xff\xc3\xa9\ttab\r\n")
+    check(d, "/check/api/x?x=1", headers={"X-Key": 'quote"and\\back'})
+    check(d, "/check/api/x?x=1", headers={"X-Key": "plain"})
+    check(d, "/check/api/x?x=1", headers={"X-Key": "plain"})
+    check(d, "/check/elsewhere")
+    d.signal(signal.SIGHUP)                     # a good reload
+    time.sleep(0.2)
+    d.write_policy(log_policy("{format: json, access: true}") + "  bogus: 1\n")
+    assert wait_until(lambda: reload_errors(d) >= 1, timeout=2), d.log()
+    time.sleep(0.1)
+    terminate(d)
+    assert wait_exit(d, 7) == 0
+    lines = json_lines(d)
+    levels = {o["level"] for o in lines}
+    assert levels & {"warn", "warning", "error"}, levels   # the refused reload
+    assert "info" in levels, levels
+    access = [o for o in lines if o["level"] == "access"]
+    assert [o["status"] for o in access] == [200, 200, 200, 200, 429, 200], access
+    assert [o["route"] for o in access][:5] == ["api"] * 5, access
+
+
+def test_json_log_error_with_non_ascii_is_json(ops_daemon):
+    """A refused reload whose error quotes a non-ASCII key ("limité"): the
+    warning is still a valid JSON line (UTF-8 or \\u escapes, never \\xNN)."""
+    d = ops_daemon(log_policy("{format: json}"))
+    bad = log_policy("{format: json}").replace("server:\n", "server:\n  limité: 1\n", 1)
+    d.write_policy(bad)
+    assert wait_until(lambda: reload_errors(d) >= 1, timeout=2), d.log()
+    time.sleep(0.1)
+    lines = json_lines(d)
+    assert any("limit" in o.get("msg", "") and o["level"] != "info" for o in lines), lines
+
+
+def test_access_line_per_check(ops_daemon):
+    d = ops_daemon(log_policy("{access: true}"))
+    plan = [("/check/api/x", "api", 200), ("/check/api/x", "api", 200),
+            ("/check/api/x", "api", 429), ("/check/other", None, 200)]
+    for path, _, status in plan:
+        assert check(d, path, headers={"X-Key": "k"}).status_code == status
+    assert vcheck(d, {"route": "api", "key": "k"}).status_code == 429
+    assert wait_until(lambda: len(access_lines(d)) >= len(plan) + 1, timeout=2), d.log()
+    time.sleep(0.1)
+    lines = access_lines(d)
+    assert len(lines) == len(plan) + 1, lines
+    for line, (_, name, status) in zip(lines, plan + [(None, "api", 429)]):
+        assert "status=%d" % status in line, line
+        if name:
+            assert "route=%s" % name in line, line
+    # the ops endpoints are not checks
+    for p in ("/healthz", "/readyz", "/metrics", "/v1/policy"):
+        check(d, p)
+    time.sleep(0.1)
+    assert len(access_lines(d)) == len(plan) + 1
+
+
+def test_no_access_lines_by_default(ops_daemon):
+    d = ops_daemon(policy(ROUTES))
+    for _ in range(3):
+        check(d, "/check/api/x", headers={"X-Key": "k"})
+    time.sleep(0.1)
+    assert access_lines(d) == [], d.log()
+
+
+def test_hostile_keys_escaped_in_access_log(ops_daemon):
+    """Control bytes, quotes and newlines in a client key (header or query)
+    reach the access log escaped: no raw control byte, no forged line, one
+    line per check."""
+    d = ops_daemon(log_policy("{access: true}", routes=(
+        ROUTES + route("q", "/q/", fw(5), key="query:k"))))
+    forged = "2026-01-01T00:00:00.000Z info forged"
+    assert raw_check(d.port, b"/check/api/x",
+                     b"X-Key: a\x01b\x1b[31mred\x7f\"quote\\ \xff\r\n") == 200
+    assert raw_check(d.port, b"/check/q/x?k=evil%0A" + forged.replace(" ", "%20").encode()
+                     + b"%0D%00%22end") == 200
+    assert raw_check(d.port, b"/check/q/x?k=%22%20status=999%20route=fake") == 200
+    assert wait_until(lambda: len(access_lines(d)) >= 3, timeout=2), d.log()
+    time.sleep(0.1)
+    data = log_bytes(d)
+    ctl = sorted({b for b in data if (b < 0x20 and b != 0x0A) or b == 0x7F})
+    assert not ctl, "raw control bytes %r in the log:\n%r" % (ctl, data)
+    text = data.decode("utf-8", "replace")
+    assert not any(l.startswith(forged) for l in text.splitlines()), text
+    lines = access_lines(d)
+    assert len(lines) == 3, lines
+    assert all("status=200" in l for l in lines), lines
+    assert "status=999" not in text
+    assert len(re.findall(r"route=fake", text)) <= 1      # only inside the quoted key
+    assert not any(re.search(r'\broute=fake\b', l.split('key="', 1)[0]) for l in lines)
+
+
+def test_level_warn_hides_info(ops_daemon):
+    """level warn: the startup info line is not written, warnings are. A
+    reload from info to warn applies to the lines after it."""
+    d = ops_daemon(log_policy("{level: warn, format: json}"))
+    d.signal(signal.SIGHUP)                       # a reload is info-worthy
+    time.sleep(0.3)
+    d.write_policy(log_policy("{level: warn, format: json}") + "  bogus: 1\n")
+    assert wait_until(lambda: json_lines(d), timeout=2), "no warning for a refused reload"
+    time.sleep(0.2)
+    lines = json_lines(d)
+    assert all(o["level"] not in ("info", "debug") for o in lines), lines
+    assert any(o["level"] in ("warn", "warning", "error") for o in lines), lines
+
+
+def test_level_info_shows_info_then_reload_to_warn(ops_daemon):
+    d = ops_daemon(log_policy("{level: info, format: json}"))
+    assert wait_until(lambda: any(o["level"] == "info" for o in json_lines(d)), timeout=2), \
+        d.log()
+    d.write_policy(log_policy("{level: warn, format: json}"))
+    assert wait_until(lambda: scrape(d).get("ratelimitd_config_reloads_total",
+                                            result="success") >= 1, timeout=2.5)
+    time.sleep(0.1)
+    n = len(json_lines(d))
+    d.signal(signal.SIGHUP)
+    time.sleep(0.3)
+    d.signal(signal.SIGHUP)
+    time.sleep(0.3)
+    new = json_lines(d)[n:]
+    assert all(o["level"] not in ("info", "debug") for o in new), new
+
+
+def test_level_error_hides_warnings(ops_daemon):
+    """level error: startup (info) and a refused reload (a warning) write
+    nothing."""
+    d = ops_daemon(log_policy("{level: error}"))
+    d.write_policy(log_policy("{level: error}") + "  bogus: 1\n")
+    assert wait_until(lambda: reload_errors(d) >= 1, timeout=2)
+    check(d, "/check/api/x", headers={"X-Key": "k"})
+    time.sleep(0.1)
+    assert d.log() == "", d.log()

@@ -1,0 +1,281 @@
+"""Metrics and the operations endpoints (SPEC §3.3, §7, §8): /metrics in the
+Prometheus text format with exact check counts per route and result, Redis
+failure counters and gauges, the duration histogram; /readyz; /v1/policy
+without secrets, and the Redis password nowhere in the logs."""
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import requests
+
+from conftest import RedisServer, wait_until
+from ops_helpers import (Metrics, check, family_of, fw, get_policy, ops_daemon,  # noqa: F401
+                         policy, route, scrape, vcheck)
+
+REQUIRED = {
+    "ratelimitd_checks_total": "counter",
+    "ratelimitd_check_duration_seconds": "histogram",
+    "ratelimitd_redis_errors_total": "counter",
+    "ratelimitd_redis_connected": "gauge",
+    "ratelimitd_config_reloads_total": "counter",
+    "ratelimitd_in_flight": "gauge",
+}
+
+TWO_ROUTES = policy(
+    route("lim", "/api/", fw(3)) +
+    route("shadowed", "/shadow/", fw(2), extra="    shadow: true\n"))
+
+
+def histogram(m, name="ratelimitd_check_duration_seconds"):
+    """[(le, cumulative count)] in exposition order, plus _count and _sum."""
+    buckets = [(float(l["le"]), v) for n, l, v in m.samples if n == name + "_bucket"]
+    return buckets, m.get(name + "_count"), m.get(name + "_sum")
+
+
+def test_metrics_exposition_format(ops_daemon):
+    d = ops_daemon(TWO_ROUTES)
+    check(d, "/check/api/x", headers={"X-Key": "k"})
+    r = requests.get(d.url("/metrics"), timeout=2)
+    assert r.status_code == 200
+    assert r.headers["Content-Type"].startswith("text/plain")
+    m = Metrics(r.text)
+    assert r.text.endswith("\n")
+    for family, typ in REQUIRED.items():
+        assert m.types.get(family) == typ, (family, m.types)
+    for name, labels, _ in m.samples:
+        assert family_of(name, m.types), "sample without a TYPE: " + name
+    assert m.has("ratelimitd_in_flight")
+    assert m.get("ratelimitd_in_flight") == 0
+    assert m.get("ratelimitd_redis_connected") == 1
+    for kind in ("timeout", "disconnected", "error", "noscript"):
+        assert m.get("ratelimitd_redis_errors_total", kind=kind) == 0, kind
+    # every checks_total sample carries exactly the labels route and result
+    for name, labels, _ in m.samples:
+        if name == "ratelimitd_checks_total":
+            assert set(labels) == {"route", "result"}, labels
+
+
+def test_checks_total_exact(ops_daemon):
+    """N allowed, M denied, K with no route: the counters say exactly that,
+    and the histogram counted every check, cumulatively."""
+    d = ops_daemon(TWO_ROUTES)
+    before = scrape(d)
+    n_allowed, n_denied, n_none = 3, 4, 5
+    got = [check(d, "/check/api/x", headers={"X-Key": "k"}).status_code
+           for _ in range(n_allowed + n_denied)]
+    assert got == [200] * n_allowed + [429] * n_denied
+    for i in range(n_none):
+        r = check(d, "/check/elsewhere/%d" % i, headers={"X-Key": "k"})
+        assert r.status_code == 200 and "X-RateLimit-Limit" not in r.headers
+    m = scrape(d)
+    assert m.checks("lim", "allowed") == n_allowed
+    assert m.checks("lim", "denied") == n_denied
+    for result in ("shadow_denied", "failed_open", "failed_closed", "no_route"):
+        assert m.checks("lim", result) == 0, result
+    assert m.sum("ratelimitd_checks_total", result="no_route") - \
+        before.sum("ratelimitd_checks_total", result="no_route") == n_none
+    total = n_allowed + n_denied + n_none
+    assert m.sum("ratelimitd_checks_total") - before.sum("ratelimitd_checks_total") == total
+
+    buckets, count, total_s = histogram(m)
+    assert count == total
+    assert buckets, "no histogram buckets"
+    les = [le for le, _ in buckets]
+    assert les == sorted(les) and les[-1] == float("inf")
+    values = [v for _, v in buckets]
+    assert all(a <= b for a, b in zip(values, values[1:])), "buckets not cumulative"
+    assert values[-1] == count
+    assert 0 < total_s < count * 1.0
+
+
+def test_json_checks_are_counted(ops_daemon):
+    d = ops_daemon(TWO_ROUTES)
+    for _ in range(4):
+        vcheck(d, {"route": "lim", "key": "j"})
+    assert vcheck(d, {"method": "GET", "path": "/nowhere"}).json()["route"] is None
+    m = scrape(d)
+    assert m.checks("lim", "allowed") == 3
+    assert m.checks("lim", "denied") == 1
+    assert m.get("ratelimitd_check_duration_seconds_count") == 5
+
+
+def test_shadow_denied_counted(ops_daemon):
+    d = ops_daemon(TWO_ROUTES)
+    got = [check(d, "/check/shadow/x", headers={"X-Key": "s"}).status_code for _ in range(5)]
+    assert got == [200] * 5
+    m = scrape(d)
+    assert m.checks("shadowed", "allowed") == 2
+    assert m.checks("shadowed", "shadow_denied") == 3
+    assert m.checks("shadowed", "denied") == 0
+
+
+def test_redis_killed_fails_open_and_counts(ops_daemon, redis_server):
+    d = ops_daemon(TWO_ROUTES)
+    assert check(d, "/check/api/x", headers={"X-Key": "k"}).status_code == 200
+    redis_server.kill()
+    assert wait_until(lambda: scrape(d).get("ratelimitd_redis_connected") == 0, timeout=3), \
+        scrape(d).text
+    for _ in range(3):
+        r = check(d, "/check/api/x", headers={"X-Key": "k"})
+        assert r.status_code == 200
+        assert r.headers.get("X-RateLimit-Remaining") == "-1"
+    m = scrape(d)
+    assert m.checks("lim", "failed_open") == 3
+    assert m.checks("lim", "allowed") == 1
+    assert m.sum("ratelimitd_redis_errors_total") > 0, m.text
+    kinds = {l["kind"] for n, l, v in m.samples if n == "ratelimitd_redis_errors_total"}
+    assert kinds <= {"timeout", "disconnected", "error", "noscript"}, kinds
+    assert m.get("ratelimitd_redis_connected") == 0
+    r = requests.get(d.url("/readyz"), timeout=2)
+    assert r.status_code == 503
+    body = r.json()
+    assert body["ready"] is False and body["policy"] is True
+    assert body["redis"] in ("connecting", "down")
+
+
+def test_redis_killed_fail_closed_counts(ops_daemon, redis_server):
+    d = ops_daemon(policy(route("lim", "/api/", fw(3)), top="failure_mode: closed\n"))
+    redis_server.kill()
+    assert wait_until(lambda: scrape(d).get("ratelimitd_redis_connected") == 0, timeout=3)
+    for _ in range(4):
+        assert check(d, "/check/api/x", headers={"X-Key": "k"}).status_code == 503
+    m = scrape(d)
+    assert m.checks("lim", "failed_closed") == 4
+    assert m.checks("lim", "failed_open") == 0
+    assert m.sum("ratelimitd_redis_errors_total") > 0
+
+
+def test_redis_timeout_counted(ops_daemon, redis_server):
+    """A paused Redis: the check answers at its deadline (fail-open) and the
+    error is counted with kind="timeout"."""
+    d = ops_daemon(TWO_ROUTES)
+    assert check(d, "/check/api/x", headers={"X-Key": "k"}).status_code == 200
+    redis_server.pause()
+    try:
+        r = check(d, "/check/api/x", headers={"X-Key": "k"})
+        assert r.status_code == 200 and r.headers.get("X-RateLimit-Remaining") == "-1"
+        m = scrape(d)
+        assert m.get("ratelimitd_redis_errors_total", kind="timeout") >= 1, m.text
+        assert m.checks("lim", "failed_open") == 1
+    finally:
+        redis_server.resume()
+    # the late reply is dropped: nothing stays in flight
+    assert wait_until(lambda: scrape(d).get("ratelimitd_in_flight") == 0, timeout=2)
+    assert wait_until(lambda: check(d, "/check/api/x", headers={"X-Key": "k"})
+                      .headers.get("X-RateLimit-Remaining") != "-1", timeout=3)
+
+
+def test_in_flight_gauge_counts_held_checks(ops_daemon):
+    """leaky_bucket with delay holds allowed replies: while they wait,
+    ratelimitd_in_flight counts them; afterwards it is back to 0."""
+    d = ops_daemon(policy(route(
+        "lb", "/lb/", '{algorithm: leaky_bucket, rate: "4/s", burst: 4, delay: true}')))
+    out = []
+
+    def one():
+        out.append(check(d, "/check/lb/x", headers={"X-Key": "h"}).status_code)
+    ts = [threading.Thread(target=one) for _ in range(4)]
+    for t in ts:
+        t.start()
+    assert wait_until(lambda: scrape(d).get("ratelimitd_in_flight") >= 2, timeout=2)
+    for t in ts:
+        t.join(5)
+    assert out == [200] * 4
+    m = scrape(d)
+    assert m.get("ratelimitd_in_flight") == 0
+    # the histogram times the whole check, shaping delay included: the
+    # replies held 0.5 s and 0.75 s are above the 0.25 s bucket
+    buckets, count, total_s = histogram(m)
+    assert count == 4
+    low = [v for le, v in buckets if le <= 0.25]
+    assert not low or low[-1] <= 2, buckets
+    assert total_s >= 1.0, total_s
+
+
+def test_readyz_json(ops_daemon):
+    d = ops_daemon(TWO_ROUTES)
+    r = requests.get(d.url("/readyz"), timeout=2)
+    assert r.status_code == 200
+    assert r.headers["Content-Type"].startswith("application/json")
+    assert r.json() == {"ready": True, "policy": True, "redis": "up"}
+
+
+def test_readyz_before_redis_exists(ops_daemon, tmp_path):
+    """Redis not there yet: 503 with redis not up; it comes up: 200."""
+    from conftest import free_port
+    port = free_port()
+    d = ops_daemon(TWO_ROUTES, redis_port=port, wait_ready=False)
+    r = requests.get(d.url("/readyz"), timeout=2)
+    assert r.status_code == 503
+    assert r.json()["ready"] is False and r.json()["redis"] in ("connecting", "down")
+    server = RedisServer(tmp_path / "late", port=port)
+    os.makedirs(server.dir, exist_ok=True)
+    server.start()
+    try:
+        assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=1).status_code == 200,
+                          timeout=5)
+        assert requests.get(d.url("/readyz"), timeout=2).json() == \
+            {"ready": True, "policy": True, "redis": "up"}
+    finally:
+        server.stop()
+
+
+def test_policy_endpoint_shows_routes(ops_daemon):
+    d = ops_daemon(TWO_ROUTES)
+    p = get_policy(d)
+    names = [r["name"] for r in p["routes"]]
+    assert names == ["lim", "shadowed"]
+    lim = p["routes"][0]
+    assert lim["limits"][0]["name"] == "q"
+    assert lim["limits"][0]["algorithm"] == "fixed_window"
+    assert lim["limits"][0]["limit"] == 3
+    assert p["routes"][1]["shadow"] is True
+
+
+PASSWORD = "s3cr3t-Pw-7f2a91"
+
+
+def start_password_redis(tmp_path, password):
+    from conftest import free_port
+    port = free_port()
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(tmp_path), "--requirepass", password],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import redis
+    assert wait_until(lambda: redis.Redis(port=port, password=password).ping())
+    return port, proc
+
+
+def test_password_never_shown(ops_daemon, tmp_path):
+    """Redis with --requirepass, the daemon with REDIS_PASSWORD: it connects
+    (the password is used), and the password string is in neither
+    /v1/policy, /metrics, /readyz nor the log. A wrong password (AUTH fails,
+    not ready) is not logged either."""
+    port, proc = start_password_redis(tmp_path, PASSWORD)
+    try:
+        d = ops_daemon(TWO_ROUTES, redis_port=port, env={"REDIS_PASSWORD": PASSWORD})
+        assert check(d, "/check/api/x", headers={"X-Key": "k"}).headers.get(
+            "X-RateLimit-Remaining") == "2"
+        for path in ("/v1/policy", "/metrics", "/readyz", "/healthz"):
+            assert PASSWORD not in requests.get(d.url(path), timeout=2).text, path
+        d.signal(signal.SIGHUP)
+        time.sleep(0.3)
+        assert PASSWORD not in requests.get(d.url("/v1/policy"), timeout=2).text
+
+        wrong = "wr0ng-Pw-55e1c0"
+        d2 = ops_daemon(TWO_ROUTES, redis_port=port, env={"REDIS_PASSWORD": wrong},
+                        wait_ready=False)
+        time.sleep(0.8)
+        r = requests.get(d2.url("/readyz"), timeout=2)
+        assert r.status_code == 503
+        r = check(d2, "/check/api/x", headers={"X-Key": "k"})
+        assert r.status_code == 200 and r.headers.get("X-RateLimit-Remaining") == "-1"
+        for dd, pw in ((d, PASSWORD), (d2, wrong)):
+            assert pw not in requests.get(dd.url("/v1/policy"), timeout=2).text
+            assert pw not in dd.log(), dd.log()
+    finally:
+        proc.kill()
+        proc.wait()

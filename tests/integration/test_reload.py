@@ -1,0 +1,304 @@
+"""Policy reloads (SPEC §2, §6, §7): SIGHUP, a change of the file on disk
+(in place, atomic rename, Kubernetes ConfigMap symlink swap) within 2 s, a
+raised quota that keeps everyone's count, an invalid file refused with its
+line and column while the old policy stays, and no failed check while
+reloads happen."""
+import os
+import re
+import signal
+import threading
+import time
+
+import requests
+
+from conftest import free_port, wait_until
+from ops_helpers import (check, fw, get_policy, ops_daemon, policy, render,  # noqa: F401
+                         route, route_limits, scrape, wait_policy_limit)
+
+RELOAD_S = 2.0
+
+
+def counted(d, key, path="/check/api/x"):
+    """Send one check for `key`; returns the status."""
+    return check(d, path, headers={"X-Key": key}).status_code
+
+
+def use_up(d, key, n, path="/check/api/x"):
+    return [counted(d, key, path) for _ in range(n)]
+
+
+LIMITS = {
+    "fixed_window": ("{name: q, algorithm: fixed_window, limit: %d, window: 1h}", "limit"),
+    "sliding_window_log": ("{name: q, algorithm: sliding_window_log, limit: %d, window: 1h}",
+                           "limit"),
+    "sliding_window_counter": ("{name: q, algorithm: sliding_window_counter, limit: %d, "
+                               "window: 1h, precision: 1m}", "limit"),
+    "gcra": ('{name: q, algorithm: gcra, rate: "1/h", burst: %d}', "burst"),
+    "leaky_bucket": ('{name: q, algorithm: leaky_bucket, rate: "1/h", burst: %d, delay: false}',
+                     "burst"),
+}
+
+
+def test_sighup_raised_quota_keeps_count(ops_daemon):
+    """limit 3, use 3, raise to 5 and SIGHUP: exactly 2 more pass. The new
+    file has the old one's inode, size and mtime, so the signal, not the file
+    watch, is what reloads it."""
+    d = ops_daemon(policy(route("api", "/api/", fw(3))))
+    assert use_up(d, "k1", 3) == [200, 200, 200]
+    assert counted(d, "k1") == 429
+    st = os.stat(d.policy_path)
+    with open(d.policy_path, "r+") as f:
+        text = f.read()
+        new = text.replace("limit: 3,", "limit: 5,")
+        assert new != text and len(new) == len(text)
+        f.seek(0)
+        f.write(new)
+    os.utime(d.policy_path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    d.signal(signal.SIGHUP)
+    assert wait_policy_limit(d, "api", 5, timeout=RELOAD_S), get_policy(d)
+    assert use_up(d, "k1", 3) == [200, 200, 429]
+    r = check(d, "/check/api/x", headers={"X-Key": "k2"})
+    assert r.status_code == 200 and r.headers["X-RateLimit-Limit"] == "5"
+    assert r.headers["X-RateLimit-Remaining"] == "4"
+
+
+def test_raised_quota_keeps_count_every_algorithm(ops_daemon):
+    """Counters are keyed by name and algorithm, never by the numbers, so a
+    raise from 3 to 5 leaves exactly 2 for a client who used 3 (SPEC §6).
+    One route per algorithm, all raised by one reload."""
+    algs = sorted(LIMITS)
+
+    def text(q):
+        return policy("".join(route("r%d" % i, "/r%d/" % i, LIMITS[a][0] % q)
+                              for i, a in enumerate(algs)))
+    d = ops_daemon(text(3))
+    for i, a in enumerate(algs):
+        path = "/check/r%d/x" % i
+        assert use_up(d, "k1", 4, path) == [200, 200, 200, 429], a
+    d.write_policy(text(5))
+    d.signal(signal.SIGHUP)
+    for i, a in enumerate(algs):
+        assert wait_policy_limit(d, "r%d" % i, 5, timeout=RELOAD_S,
+                                 field=LIMITS[a][1]), a
+    for i, a in enumerate(algs):
+        path = "/check/r%d/x" % i
+        assert use_up(d, "k1", 3, path) == [200, 200, 429], a
+
+
+def test_lowered_quota_denies_at_once(ops_daemon):
+    d = ops_daemon(policy(route("api", "/api/", fw(5))))
+    assert use_up(d, "k1", 3) == [200] * 3
+    d.write_policy(policy(route("api", "/api/", fw(3))))
+    d.signal(signal.SIGHUP)
+    assert wait_policy_limit(d, "api", 3, timeout=RELOAD_S)
+    r = check(d, "/check/api/x", headers={"X-Key": "k1"})
+    assert r.status_code == 429
+    assert r.headers["X-RateLimit-Limit"] == "3"
+    assert r.headers["X-RateLimit-Remaining"] == "0"
+
+
+def test_reload_on_in_place_edit(ops_daemon):
+    """The file rewritten in place (truncate + write, same inode), no signal."""
+    d = ops_daemon(policy(route("api", "/api/", fw(3))))
+    assert use_up(d, "k1", 4) == [200, 200, 200, 429]
+    ino = os.stat(d.policy_path).st_ino
+    with open(d.policy_path, "w") as f:
+        f.write(render(d, policy(route("api", "/api/", fw(50)))))
+    assert os.stat(d.policy_path).st_ino == ino
+    t0 = time.monotonic()
+    assert wait_policy_limit(d, "api", 50, timeout=RELOAD_S), \
+        "in-place edit not picked up in %.1fs" % RELOAD_S
+    assert time.monotonic() - t0 <= RELOAD_S + 0.2
+    assert counted(d, "k1") == 200
+
+
+def test_reload_on_atomic_rename(ops_daemon):
+    """Write a temporary file and rename it over the policy (vim, ansible)."""
+    d = ops_daemon(policy(route("api", "/api/", fw(3))))
+    assert use_up(d, "k1", 4) == [200, 200, 200, 429]
+    tmp = d.policy_path + ".new"
+    with open(tmp, "w") as f:
+        f.write(render(d, policy(route("api", "/api/", fw(60)))))
+    os.rename(tmp, d.policy_path)
+    assert wait_policy_limit(d, "api", 60, timeout=RELOAD_S), \
+        "renamed file not picked up in %.1fs" % RELOAD_S
+    assert counted(d, "k1") == 200
+
+
+def test_reload_on_configmap_symlink_swap(ops_daemon, redis_server, tmp_path):
+    """The kubelet's atomic writer: policy.yaml -> ..data/policy.yaml and
+    ..data -> ..<timestamp>; an update writes a new timestamped directory,
+    points ..data_tmp at it, renames ..data_tmp over ..data and removes the
+    old directory. Two updates in a row, each seen within 2 s."""
+    port = free_port()
+    cm = tmp_path / "configmap"
+    cm.mkdir()
+
+    def publish(limit, stamp, old=None):
+        ts = cm / ("..2026_01_01_00_00_%02d.000000001" % stamp)
+        ts.mkdir()
+        text = policy(route("api", "/api/", fw(limit)))
+        (ts / "policy.yaml").write_text(text.format(port=port,
+                                                    redis_port=redis_server.port))
+        if old is None:
+            os.symlink(ts.name, str(cm / "..data"))
+            os.symlink("..data/policy.yaml", str(cm / "policy.yaml"))
+        else:
+            os.symlink(ts.name, str(cm / "..data_tmp"))
+            os.rename(str(cm / "..data_tmp"), str(cm / "..data"))
+            (old / "policy.yaml").unlink()
+            old.rmdir()
+        return ts
+
+    v1 = publish(3, 1)
+    d = ops_daemon(policy(route("api", "/api/", fw(3))), port=port,
+                   path=str(cm / "policy.yaml"))
+    assert use_up(d, "k1", 4) == [200, 200, 200, 429]
+    v2 = publish(5, 2, old=v1)
+    assert wait_policy_limit(d, "api", 5, timeout=RELOAD_S), \
+        "ConfigMap swap not picked up in %.1fs" % RELOAD_S
+    assert use_up(d, "k1", 3) == [200, 200, 429]
+    publish(9, 3, old=v2)
+    assert wait_policy_limit(d, "api", 9, timeout=RELOAD_S), \
+        "second ConfigMap swap not picked up in %.1fs" % RELOAD_S
+    assert counted(d, "k1") == 200
+
+
+def line_col(text, needle):
+    """1-based line and column of the first occurrence of needle."""
+    i = text.index(needle)
+    line = text.count("\n", 0, i) + 1
+    col = i - (text.rfind("\n", 0, i) + 1) + 1
+    return line, col
+
+
+def reloads(d, result):
+    return scrape(d).get("ratelimitd_config_reloads_total", result=result)
+
+
+def test_invalid_reload_refused_old_policy_stays(ops_daemon):
+    good = policy(route("api", "/api/", fw(3)))
+    d = ops_daemon(good)
+    assert use_up(d, "k1", 2) == [200, 200]
+    before_policy = get_policy(d)
+    errors0, ok0 = reloads(d, "error"), reloads(d, "success")
+
+    bad = policy(route("api", "/api/", fw(50), extra="    bogus_key: 1\n"))
+    bad_text = render(d, bad)
+    line, col = line_col(bad_text, "bogus_key")
+    d.write_policy(bad)                                # the file watch sees it
+    assert wait_until(lambda: reloads(d, "error") >= errors0 + 1, timeout=RELOAD_S), \
+        "no reload error counted:\n" + d.log()
+    d.signal(signal.SIGHUP)                            # and so does SIGHUP
+    assert wait_until(lambda: reloads(d, "error") >= errors0 + 2, timeout=RELOAD_S), \
+        "SIGHUP on a bad file: no reload error counted:\n" + d.log()
+    assert reloads(d, "success") == ok0
+
+    where = "%s:%d:%d" % (d.policy_path, line, col)
+    assert wait_until(lambda: where in d.log(), timeout=1), \
+        "log lacks %s:\n%s" % (where, d.log())
+    assert get_policy(d) == before_policy
+    assert use_up(d, "k1", 2) == [200, 429]            # still limit 3
+    assert requests.get(d.url("/readyz"), timeout=2).status_code == 200
+
+    # A YAML syntax error is refused the same way, with some LINE:COL.
+    d.write_policy(policy(route("api", "/api/", fw(50))) + "  - name: [unclosed\n")
+    assert wait_until(lambda: reloads(d, "error") >= errors0 + 3, timeout=RELOAD_S), d.log()
+    assert re.search(re.escape(d.policy_path) + r":\d+:\d+: ", d.log())
+    assert get_policy(d) == before_policy
+
+    # Fixing the file brings the new policy in.
+    d.write_policy(policy(route("api", "/api/", fw(6))))
+    assert wait_policy_limit(d, "api", 6, timeout=RELOAD_S), d.log()
+    assert reloads(d, "success") >= ok0 + 1
+    assert use_up(d, "k1", 4) == [200, 200, 200, 429]
+
+
+def test_checks_keep_flowing_during_reloads(ops_daemon):
+    """Two workers, a keep-alive client and a connection-per-check client
+    running while the policy is reloaded 10 times (file rename and SIGHUP):
+    every reply is 200 or 429, never a connection error or a 5xx."""
+    def text(q):
+        return policy(route("api", "/api/", fw(q)), server="  workers: 2\n")
+    d = ops_daemon(text(5))
+    stop = threading.Event()
+    statuses, errors = [], []
+
+    def client(keepalive):
+        s = requests.Session()
+        i = 0
+        while not stop.is_set():
+            i += 1
+            hdrs = {"X-Key": "k%d" % (i % 40)}
+            if not keepalive:
+                hdrs["Connection"] = "close"
+            try:
+                if keepalive:
+                    r = s.get(d.url("/check/api/x"), headers=hdrs, timeout=3)
+                else:
+                    r = requests.get(d.url("/check/api/x"), headers=hdrs, timeout=3)
+                statuses.append(r.status_code)
+            except requests.RequestException as e:
+                errors.append(repr(e))
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in (True, False)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.2)
+        ok0 = reloads(d, "success")
+        for i in range(10):
+            q = 6 + i
+            d.write_policy(text(q))
+            if i % 2:
+                d.signal(signal.SIGHUP)
+            assert wait_policy_limit(d, "api", q, timeout=RELOAD_S), "reload %d" % i
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+    assert not errors, errors[:5]
+    assert len(statuses) > 100, len(statuses)
+    bad = [s for s in statuses if s not in (200, 429)]
+    assert not bad, bad[:10]
+    assert reloads(d, "success") >= ok0 + 10
+    assert d.alive()
+
+
+def test_missing_file_keeps_policy_then_recreated(ops_daemon):
+    """The policy file disappears (mid-deploy): SIGHUP is refused and the
+    policy in force stays; the file comes back: it is picked up."""
+    d = ops_daemon(policy(route("api", "/api/", fw(3))))
+    errors0 = reloads(d, "error")
+    os.unlink(d.policy_path)
+    d.signal(signal.SIGHUP)
+    assert wait_until(lambda: reloads(d, "error") >= errors0 + 1, timeout=RELOAD_S), d.log()
+    assert route_limits(d, "api")[0]["limit"] == 3
+    assert use_up(d, "k1", 4) == [200, 200, 200, 429]
+    d.write_policy(policy(route("api", "/api/", fw(7))))
+    assert wait_policy_limit(d, "api", 7, timeout=RELOAD_S), d.log()
+    assert counted(d, "k1") == 200
+
+
+def test_reload_moves_to_another_redis(ops_daemon, tmp_path):
+    """redis.address is part of the reloadable policy: after the reload the
+    counters live in the new Redis."""
+    from conftest import RedisServer
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    other = RedisServer(other_dir).start()
+    try:
+        d = ops_daemon(policy(route("api", "/api/", fw(3))))
+        assert use_up(d, "k1", 4) == [200, 200, 200, 429]
+        text = policy(route("api", "/api/", fw(3))).replace("{redis_port}", str(other.port))
+        d.write_policy(text)
+        assert wait_until(lambda: get_policy(d)["redis"]["address"] ==
+                          "127.0.0.1:%d" % other.port, timeout=RELOAD_S)
+        assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=1).status_code == 200,
+                          timeout=3)
+        r = check(d, "/check/api/x", headers={"X-Key": "k1"})
+        assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "2"
+        assert len(other.client().keys("*")) >= 1
+    finally:
+        other.stop()
