@@ -5,7 +5,8 @@
 -- ALGORITHMS under its policy name with two functions:
 --
 --   check(key, now, cost, a, b, c) -> r
---     Reads the state at `key` and decides without writing. `now` is in
+--     Reads the state at `key` and decides without charging (it may drop
+--     entries that no longer count: housekeeping). `now` is in
 --     microseconds. r must have: allowed (bool), remaining (before charge),
 --     remaining_after (if charged), reset (us until full, before charge),
 --     reset_after (us until full, if charged), retry (us until a request of

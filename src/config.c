@@ -958,6 +958,25 @@ limit_finish(struct loader *ld, struct limit_draft *d)
 				bad = 1;
 			}
 		}
+		if (!bad && l->rate_n > 0) {
+			long long a = l->rate_n, b = l->rate_period_us;
+
+			while (b) {
+				long long t = a % b;
+
+				a = b;
+				b = t;
+			}
+			/* The scripts keep bucket state as exact fractions in
+			 * Lua doubles: burst * period / gcd must stay below 2^53. */
+			if ((long double)l->quota * (long double)(l->rate_period_us / a) >=
+			    9007199254740992.0L) {
+				node_error(ld, d->burst_nd, "burst: %lld with rate \"%s\" is "
+				    "too large to count exactly; use a smaller burst or a "
+				    "rate over a shorter period", l->quota, d->rate_nd->value);
+				bad = 1;
+			}
+		}
 		l->delay = l->algorithm == ALGORITHM_LEAKY_BUCKET;
 		if (d->delay_nd && get_bool(ld, d->delay_nd, "delay", &l->delay) == -1)
 			bad = 1;

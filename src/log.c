@@ -137,6 +137,10 @@ log_emit(const char *level, const char *msg, const char *err)
 
 static void
 log_vlog(enum log_level level, const char *label, int with_errno,
+    const char *fmt, va_list ap) __attribute__((format(printf, 4, 0)));
+
+static void
+log_vlog(enum log_level level, const char *label, int with_errno,
     const char *fmt, va_list ap)
 {
 	char msg[LOG_LINE_MAX];

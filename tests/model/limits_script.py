@@ -1,0 +1,98 @@
+"""Builds the limits script the way `make` builds build/limits.lua.
+
+The daemon loads ONE script: scripts/lib.lua, then one file per algorithm in
+the order below, then scripts/main.lua. The tests build it here so they do
+not depend on the Makefile, and check that the order agrees with the
+Makefile's ALGORITHMS variable when there is a Makefile.
+"""
+import os
+import re
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SCRIPTS = os.path.join(ROOT, "scripts")
+
+ALGORITHMS = ["fixed_window", "token_bucket", "sliding_window_log",
+              "sliding_window_counter", "leaky_bucket", "gcra"]
+
+
+def script_files():
+    return ([os.path.join(SCRIPTS, "lib.lua")]
+            + [os.path.join(SCRIPTS, a + ".lua") for a in ALGORITHMS]
+            + [os.path.join(SCRIPTS, "main.lua")])
+
+
+def build_script():
+    parts = []
+    for path in script_files():
+        with open(path) as f:
+            text = f.read()
+        parts.append(text if text.endswith("\n") else text + "\n")
+    return "".join(parts)
+
+
+def makefile_algorithms():
+    """The Makefile's ALGORITHMS list, or None when there is no Makefile
+    (or it does not define the variable)."""
+    path = os.path.join(ROOT, "Makefile")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        text = f.read().replace("\\\n", " ")
+    m = re.search(r"^ALGORITHMS\s*[:?]?=\s*(.*)$", text, re.M)
+    if not m:
+        return None
+    return m.group(1).split()
+
+
+class Limits:
+    """The limits script on a real Redis: SCRIPT LOAD once, EVALSHA per call.
+    A limit is (algorithm, a, b, c) exactly as the daemon passes it."""
+
+    def __init__(self, r):
+        self.r = r
+        self.sha = r.script_load(build_script())
+
+    @staticmethod
+    def args(now_us, cost, limits):
+        argv = [str(now_us), str(cost)]
+        for alg, a, b, c in limits:
+            argv += [alg, str(a), str(b), str(c)]
+        return argv
+
+    def call(self, keys, limits, now_us, cost=1):
+        assert len(keys) == len(limits)
+        return [int(x) for x in self.r.evalsha(
+            self.sha, len(keys), *keys, *self.args(now_us, cost, limits))]
+
+
+def build_probe_script():
+    """The real script, unchanged, run as a function by a test wrapper that
+    then reads each key's expiry and PERSISTs it, in the same script call.
+    Under a forced clock this keeps the real clock from expiring state that
+    still matters at the forced time, and it proves the script never relies
+    on expiry for correctness. The expiry the script set (ms) is bracketed
+    exactly: PEXPIRE counts from the real clock at the call, which lies
+    between the TIME read before and after the script.
+    Reply: {script reply, {per key: lo, hi}, elapsed_ms}: the set expiry is
+    in [lo, hi]; lo = hi = -2 when the key does not exist (-1: no expiry)."""
+    return ("local function ratelimitd_limits()\n" + build_script() + "end\n"
+            "local function clock_ms()\n"
+            "  local t = redis.call('TIME')\n"
+            "  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+            "end\n"
+            "local before = clock_ms()\n"
+            "local reply = ratelimitd_limits()\n"
+            "local after = clock_ms()\n"
+            "local ttls = {}\n"
+            "for i = 1, #KEYS do\n"
+            "  local at = redis.call('PEXPIRETIME', KEYS[i])\n"
+            "  if at < 0 then\n"
+            "    ttls[#ttls + 1] = at\n"
+            "    ttls[#ttls + 1] = at\n"
+            "  else\n"
+            "    ttls[#ttls + 1] = at - after\n"
+            "    ttls[#ttls + 1] = at - before\n"
+            "  end\n"
+            "  redis.call('PERSIST', KEYS[i])\n"
+            "end\n"
+            "return {reply, ttls, after - before}\n")
