@@ -199,16 +199,6 @@ verdict_json(const struct check *ck, int allowed, int degraded)
 }
 
 static void
-send_json(struct http_request *req, int status, json_t *o)
-{
-	char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
-
-	request_reply(req, status, "application/json", s, strlen(s));
-	free(s);
-	json_decref(o);
-}
-
-static void
 access_log(const struct check *ck, int status, enum check_result result,
     long long took_us)
 {
@@ -237,13 +227,13 @@ check_finish(struct check *ck, enum check_outcome outcome)
 	case OUTCOME_NO_ROUTE:
 		result = RESULT_NO_ROUTE;
 		if (ck->ck_json)
-			send_json(req, 200, json_pack("{s:b,s:n}", "allowed", 1, "route"));
+			http_reply_json(req, 200, json_pack("{s:b,s:n}", "allowed", 1, "route"));
 		else
 			request_reply(req, 200, NULL, NULL, 0);
 		break;
 	case OUTCOME_UNLIMITED:
 		if (ck->ck_json)
-			send_json(req, 200, json_pack("{s:b,s:s,s:s,s:b,s:b,s:[]}",
+			http_reply_json(req, 200, json_pack("{s:b,s:s,s:s,s:b,s:b,s:[]}",
 			    "allowed", 1, "route", route->name, "key",
 			    ck->ck_raw_key ? ck->ck_raw_key : "", "unlimited", 1,
 			    "degraded", 0, "limits"));
@@ -257,7 +247,7 @@ check_finish(struct check *ck, enum check_outcome outcome)
 			http_reply_json_error(req, 403, "no client key for route %s",
 			    route->name);
 		else
-			send_json(req, 403, json_pack("{s:s,s:s}", "error",
+			http_reply_json(req, 403, json_pack("{s:s,s:s}", "error",
 			    "missing_key", "route", route->name));
 		break;
 	case OUTCOME_DEGRADED:
@@ -272,9 +262,9 @@ check_finish(struct check *ck, enum check_outcome outcome)
 		} else
 			result = RESULT_FAILED_OPEN;
 		if (ck->ck_json)
-			send_json(req, status, verdict_json(ck, allowed, 1));
+			http_reply_json(req, status, verdict_json(ck, allowed, 1));
 		else if (status == 503)
-			send_json(req, 503, json_pack("{s:s,s:s}", "error",
+			http_reply_json(req, 503, json_pack("{s:s,s:s}", "error",
 			    "rate_limiter_unavailable", "route", route->name));
 		else
 			request_reply(req, status, NULL, NULL, 0);
@@ -296,7 +286,7 @@ check_finish(struct check *ck, enum check_outcome outcome)
 			h.retry_after[0] = '\0';	/* the request passes */
 		add_rate_headers(req, &h);
 		if (ck->ck_json)
-			send_json(req, status, verdict_json(ck, allowed, 0));
+			http_reply_json(req, status, verdict_json(ck, allowed, 0));
 		else if (!allowed) {
 			/* The hot denial path: no JSON library, route names are
 			 * [A-Za-z0-9_.-] so nothing needs escaping. */

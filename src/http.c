@@ -21,25 +21,7 @@
 #include "worker.h"
 
 void
-http_reply_json_error(struct http_request *req, int status, const char *fmt, ...)
-{
-	char msg[512];
-	json_t *o;
-	char *s;
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	o = json_pack("{s:s}", "error", msg);
-	s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
-	request_reply(req, status, "application/json", s, strlen(s));
-	free(s);
-	json_decref(o);
-}
-
-static void
-reply_json(struct http_request *req, int status, json_t *o)
+http_reply_json(struct http_request *req, int status, json_t *o)
 {
 	char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
 
@@ -48,13 +30,25 @@ reply_json(struct http_request *req, int status, json_t *o)
 	json_decref(o);
 }
 
+void
+http_reply_json_error(struct http_request *req, int status, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	http_reply_json(req, status, json_pack("{s:s}", "error", msg));
+}
+
 static void
 serve_readyz(struct worker *w, struct http_request *req)
 {
 	enum store_state st = store_state(w->w_store);
 	int ready = w->w_config != NULL && st == STORE_UP && !w->w_draining;
 
-	reply_json(req, ready ? 200 : 503, json_pack("{s:b,s:b,s:s}", "ready", ready,
+	http_reply_json(req, ready ? 200 : 503, json_pack("{s:b,s:b,s:s}", "ready", ready,
 	    "policy", w->w_config != NULL, "redis", store_state_name(st)));
 }
 
@@ -105,7 +99,7 @@ http_dispatch(struct http_request *req, void *arg)
 	else if (PATH_IS("/metrics"))
 		serve_metrics(req);
 	else if (PATH_IS("/v1/policy"))
-		reply_json(req, 200, config_to_json(w->w_config));
+		http_reply_json(req, 200, config_to_json(w->w_config));
 	else
 		http_reply_json_error(req, 404, "not found");
 #undef PATH_IS

@@ -99,18 +99,27 @@ json_escape(char *dst, size_t size, const char *src)
 	dst[o] = '\0';
 }
 
+/* The current UTC time as 2026-11-22T11:18:33.123Z. */
 static void
-log_emit(const char *level, const char *msg, const char *err)
+format_ts(char *ts, size_t size)
 {
-	char line[LOG_LINE_MAX + 256], ts[40];
 	struct timespec now;
 	struct tm tm;
 	int n;
 
 	clock_gettime(CLOCK_REALTIME, &now);
 	gmtime_r(&now.tv_sec, &tm);
-	n = (int)strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
-	snprintf(ts + n, sizeof(ts) - (size_t)n, ".%03ldZ", now.tv_nsec / 1000000);
+	n = (int)strftime(ts, size, "%Y-%m-%dT%H:%M:%S", &tm);
+	snprintf(ts + n, size - (size_t)n, ".%03ldZ", now.tv_nsec / 1000000);
+}
+
+static void
+log_emit(const char *level, const char *msg, const char *err)
+{
+	char line[LOG_LINE_MAX + 256], ts[40];
+	int n;
+
+	format_ts(ts, sizeof(ts));
 
 	if (log_format_current == LOG_FORMAT_JSON) {
 		char emsg[LOG_LINE_MAX], eerr[256];
@@ -198,8 +207,6 @@ log_access(const char *route, const char *key, size_t keylen, int status,
     const char *result, long long cost, long long took_us)
 {
 	char ekey[1024], line[LOG_LINE_MAX], ts[40];
-	struct timespec now;
-	struct tm tm;
 	int n;
 
 	if (log_format_current == LOG_FORMAT_TEXT) {
@@ -217,10 +224,7 @@ log_access(const char *route, const char *key, size_t keylen, int status,
 		    keylen : sizeof(raw) - 1), key);
 		json_escape(ekey, sizeof(ekey), raw);
 	}
-	clock_gettime(CLOCK_REALTIME, &now);
-	gmtime_r(&now.tv_sec, &tm);
-	n = (int)strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
-	snprintf(ts + n, sizeof(ts) - (size_t)n, ".%03ldZ", now.tv_nsec / 1000000);
+	format_ts(ts, sizeof(ts));
 	n = snprintf(line, sizeof(line), "{\"ts\":\"%s\",\"level\":\"access\","
 	    "\"msg\":\"check\",\"route\":\"%s\",\"key\":\"%s\",\"status\":%d,\"result\":\"%s\","
 	    "\"cost\":%lld,\"us\":%lld}\n", ts, route, ekey, status, result, cost,
