@@ -33,7 +33,10 @@
 #include "worker.h"
 #include "xmalloc.h"
 
-#define CHECK_QUERY_KEY_MAX	4096	/* a query-string key, decoded */
+/* A decoded query-string key: as long as any URI we accept (a JSON body's
+ * path can be nearly 64 KiB), so a key is never cut, and two long keys
+ * cannot meet in one counter. */
+#define CHECK_QUERY_KEY_MAX	(SERVER_BODY_MAX + 1)
 
 enum check_phase { CHECK_IDLE, CHECK_WAITING, CHECK_DELAYED, CHECK_DONE };
 

@@ -376,16 +376,20 @@ policy_client_ip(const struct config *config, const char *peer,
     const char *forwarded_for, const char *real_ip, char *out, size_t size)
 {
 	unsigned char addr[16], best_addr[16];
-	int family, best_family;
+	int family, best_family = AF_INET;
+	int found = 0;
 
-	if (peer == NULL || parse_ip(peer, strlen(peer), &family, addr) == -1) {
-		snprintf(out, size, "unix");
-		return -1;
+	if (peer != NULL) {
+		if (parse_ip(peer, strlen(peer), &family, addr) == -1) {
+			snprintf(out, size, "unix");
+			return -1;
+		}
+		best_family = family;
+		memcpy(best_addr, addr, sizeof(addr));
+		found = 1;
+		if (!trusted(config, family, addr))
+			goto done;
 	}
-	best_family = family;
-	memcpy(best_addr, addr, sizeof(addr));
-	if (!trusted(config, family, addr))
-		goto done;
 	if (forwarded_for && *forwarded_for) {
 		const char *end = forwarded_for + strlen(forwarded_for);
 
@@ -399,6 +403,7 @@ policy_client_ip(const struct config *config, const char *peer,
 				break;	/* garbage: stop at the last good hop */
 			best_family = family;
 			memcpy(best_addr, addr, sizeof(addr));
+			found = 1;
 			if (!trusted(config, family, addr))
 				break;
 			end = start > forwarded_for ? start - 1 : start;
@@ -406,8 +411,13 @@ policy_client_ip(const struct config *config, const char *peer,
 	} else if (real_ip && parse_ip(real_ip, strlen(real_ip), &family, addr) == 0) {
 		best_family = family;
 		memcpy(best_addr, addr, sizeof(addr));
+		found = 1;
 	}
 done:
+	if (!found) {
+		snprintf(out, size, "unix");
+		return -1;
+	}
 	inet_ntop(best_family, best_addr, out, (socklen_t)size);
 	return 0;
 }

@@ -9,7 +9,7 @@
 
 #include "config.h"
 
-#define POLICY_PATH_MAX	8192	/* normalized path; longer paths are cut */
+#define POLICY_PATH_MAX	65537	/* normalized path: any URI we accept fits */
 
 /* The original request as the gateway described it. */
 struct check_input {
@@ -43,8 +43,10 @@ int policy_client_key(const struct route *route, const struct check_input *in,
 const struct limit_set *policy_limits(const struct route *route,
     const char *key, size_t keylen);
 
-/* The client IP (SPEC §5) as canonical text in out; 0, or -1 if peer is not
- * an IP address (a unix socket peer), in which case out is "unix". */
+/* The client IP (SPEC §5) as canonical text in out. A NULL peer is a unix
+ * socket peer, on this host by definition, so it is trusted like a listed
+ * proxy; with no forwarding header its client is "unix". Returns 0, or -1
+ * when no address was found. */
 int policy_client_ip(const struct config *config, const char *peer,
     const char *forwarded_for, const char *real_ip, char *out, size_t size);
 

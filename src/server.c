@@ -39,6 +39,7 @@
 #define SERVER_IN_INITIAL	 4096
 #define SERVER_IN_LIMIT		 (SERVER_HEADERS_MAX + SERVER_BODY_MAX + 4096)
 #define SERVER_ACCEPT_RETRY_US	 100000	/* pause accepting on EMFILE */
+#define SERVER_LINGER_US	 2000000 /* read and drop input after an error */
 
 struct header {
 	const char	*name;
@@ -82,6 +83,8 @@ struct conn {
 	int		 c_eof;			/* peer sent FIN: no more input */
 	int		 c_dead;		/* unusable; free after the reply */
 	int		 c_continue_sent;	/* 100 Continue for this request */
+	int		 c_lingering;		/* error sent: drain input, then close */
+	int		 c_shut;		/* shutdown(SHUT_WR) done */
 	int		 c_has_peer;
 	char		 c_peer[INET6_ADDRSTRLEN];
 	struct http_request c_req;
@@ -151,7 +154,35 @@ conn_settle(struct conn *c)
 {
 	if (c->c_pending || c->c_processing)
 		return;
-	if (c->c_dead || ((c->c_closing || c->c_eof) && c->c_out_len == 0))
+	if (c->c_dead) {
+		conn_free(c);
+		return;
+	}
+	if (c->c_out_len != 0)
+		return;		/* the write event finishes the output */
+	if (c->c_lingering) {
+		/*
+		 * Closing with unread input makes the kernel send a reset,
+		 * which can destroy our error reply before the client reads
+		 * it (a 1 MiB upload answered 413 at its first bytes). So:
+		 * half-close, drop what still arrives, close on EOF or after
+		 * SERVER_LINGER_US.
+		 */
+		if (c->c_eof) {
+			conn_free(c);
+			return;
+		}
+		if (!c->c_shut) {
+			struct timeval tv = { SERVER_LINGER_US / 1000000,
+			    SERVER_LINGER_US % 1000000 };
+
+			shutdown(c->c_fd, SHUT_WR);
+			c->c_shut = 1;
+			event_add(c->c_idle_ev, &tv);
+		}
+		return;
+	}
+	if (c->c_closing || c->c_eof)
 		conn_free(c);
 }
 
@@ -214,7 +245,7 @@ conn_error(struct conn *c, int status, const char *msg)
 	    "{\"error\":\"%s\"}", status, reason(status), strlen(msg) + 12, msg);
 	conn_out_append(c, buf, (size_t)n);
 	c->c_closing = 1;
-	event_del(c->c_read_ev);	/* whatever follows is not a request */
+	c->c_lingering = 1;	/* whatever follows is not a request */
 	conn_flush(c);
 }
 
@@ -513,6 +544,15 @@ on_read(evutil_socket_t fd, short what, void *arg)
 	ssize_t n;
 
 	(void)what;
+	if (c->c_lingering) {
+		n = read(fd, c->c_in, c->c_in_cap);
+		if (n > 0 || (n == -1 && (errno == EAGAIN || errno == EINTR)))
+			return;
+		event_del(c->c_read_ev);
+		c->c_eof = 1;
+		conn_settle(c);
+		return;
+	}
 	if (c->c_in_cap - c->c_in_len < 1024 &&
 	    conn_in_reserve(c, c->c_in_cap * 2) == -1 &&
 	    c->c_in_len == c->c_in_cap) {
@@ -552,7 +592,7 @@ on_idle(evutil_socket_t fd, short what, void *arg)
 		event_add(c->c_idle_ev, c->c_server->s_idle);
 		return;
 	}
-	c->c_dead = 1;
+	c->c_dead = 1;	/* idle, lingered out, or not reading its replies */
 	conn_settle(c);
 }
 

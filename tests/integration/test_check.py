@@ -1,0 +1,410 @@
+"""Forward-auth /check: gateway conventions, route matching, quotas, headers,
+deny replies, several limits on one route (SPEC §3.1, §4, §6)."""
+import math
+
+import pytest
+
+from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
+from helpers import (all_keys, check, has_rl_headers, policy, rkey, shared_daemon, vcheck)
+
+METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
+
+
+def fw(limit, name="q", window="1h"):
+    return "{name: %s, algorithm: fixed_window, limit: %d, window: %s}" % (name, limit, window)
+
+
+def tb(burst, rate, name="b"):
+    return '{name: %s, algorithm: token_bucket, rate: "%s", burst: %d}' % (name, rate, burst)
+
+
+def route(name, match, limits, key="ip", extra=""):
+    return ("  - name: %s\n    match: %s\n    key: %s\n%s    limits: [%s]\n"
+            % (name, match, key, extra, ", ".join(limits)))
+
+
+def limit_of(resp):
+    return int(resp.headers["X-RateLimit-Limit"])
+
+
+def remaining_of(resp):
+    return int(resp.headers["X-RateLimit-Remaining"])
+
+
+def redis_now(redis_server):
+    s, us = redis_server.client().time()
+    return s + us / 1e6
+
+
+# ---------------------------------------------------------------- conventions
+
+CONV = policy(
+    route("nginx", "{prefix: /n/, methods: [POST]}", [fw(3)])
+    + route("hosted", "{prefix: /h/, host: api.example.com, methods: [DELETE]}", [fw(4)])
+    + route("catch", "{prefix: /}", [fw(1000)]))
+
+
+def test_nginx_original_uri_and_method(start_daemon, redis_server):
+    d = start_daemon(CONV)
+    h = {"X-Original-URI": "/n/items?id=1", "X-Original-Method": "POST"}
+    for left in (2, 1, 0):
+        r = check(d, "/check", "GET", h)
+        assert r.status_code == 200, r.text
+        assert limit_of(r) == 3
+        assert remaining_of(r) == left
+    r = check(d, "/check", "GET", h)
+    assert r.status_code == 429
+    assert rkey("nginx", "127.0.0.1", "q", "fixed_window") in all_keys(redis_server.client())
+    # the same URI with the original method GET is another route
+    r = check(d, "/check", "GET", {"X-Original-URI": "/n/items", "X-Original-Method": "GET"})
+    assert r.status_code == 200 and limit_of(r) == 1000
+
+
+def test_traefik_forwarded_headers(start_daemon, redis_server):
+    d = start_daemon(CONV)
+    h = {"X-Forwarded-Uri": "/h/x", "X-Forwarded-Method": "DELETE",
+         "X-Forwarded-Host": "api.example.com", "X-Forwarded-For": "203.0.113.9",
+         "X-Forwarded-Proto": "https", "X-Forwarded-Port": "443"}
+    for left in (3, 2, 1, 0):
+        r = check(d, "/check", "GET", h)
+        assert r.status_code == 200
+        assert limit_of(r) == 4 and remaining_of(r) == left
+    assert check(d, "/check", "GET", h).status_code == 429
+    keys = all_keys(redis_server.client())
+    assert rkey("hosted", "203.0.113.9", "q", "fixed_window") in keys
+    assert rkey("hosted", "127.0.0.1", "q", "fixed_window") not in keys
+    # another client behind the same proxy has its own count
+    h2 = dict(h, **{"X-Forwarded-For": "203.0.113.10"})
+    r = check(d, "/check", "GET", h2)
+    assert r.status_code == 200 and remaining_of(r) == 3
+
+
+def test_traefik_wrong_host_is_other_route(start_daemon):
+    d = start_daemon(CONV)
+    h = {"X-Forwarded-Uri": "/h/x", "X-Forwarded-Method": "DELETE",
+         "X-Forwarded-Host": "other.example.com"}
+    r = check(d, "/check", "GET", h)
+    assert r.status_code == 200 and limit_of(r) == 1000
+
+
+def test_envoy_path_prefix_and_method(start_daemon, redis_server):
+    d = start_daemon(CONV)
+    for left in (3, 2, 1, 0):
+        r = check(d, "/check/h/resource", "DELETE", {"Host": "api.example.com"})
+        assert r.status_code == 200
+        assert limit_of(r) == 4 and remaining_of(r) == left
+    r = check(d, "/check/h/resource", "DELETE", {"Host": "api.example.com"})
+    assert r.status_code == 429
+    # Envoy keeps the original method: GET on the same path is the catch-all
+    r = check(d, "/check/h/resource", "GET", {"Host": "api.example.com"})
+    assert r.status_code == 200 and limit_of(r) == 1000
+    # POST /check/n/x is the nginx route via the path convention
+    r = check(d, "/check/n/x", "POST")
+    assert r.status_code == 200 and limit_of(r) == 3
+
+
+def test_bare_check_is_root_path(start_daemon):
+    d = start_daemon(policy(route("root", "{path: /}", [fw(7)])))
+    r = check(d, "/check")
+    assert r.status_code == 200 and limit_of(r) == 7
+    r = check(d, "/check/")
+    assert r.status_code == 200 and limit_of(r) == 7
+
+
+def test_header_precedence(start_daemon):
+    d = start_daemon(CONV)
+    # X-Original-URI beats X-Forwarded-Uri beats the request path
+    r = check(d, "/check/zzz", "POST", {"X-Original-URI": "/n/a", "X-Forwarded-Uri": "/zzz"})
+    assert limit_of(r) == 3
+    r = check(d, "/check/zzz", "POST", {"X-Forwarded-Uri": "/n/a"})
+    assert limit_of(r) == 3
+    # X-Original-Method beats X-Forwarded-Method beats the request method
+    r = check(d, "/check/n/a", "GET", {"X-Original-Method": "POST", "X-Forwarded-Method": "GET"})
+    assert limit_of(r) == 3
+    r = check(d, "/check/n/a", "GET", {"X-Forwarded-Method": "POST"})
+    assert limit_of(r) == 3
+    r = check(d, "/check/n/a", "POST", {"X-Original-Method": "GET"})
+    assert limit_of(r) == 1000
+    # X-Forwarded-Host beats Host
+    r = check(d, "/check/h/a", "DELETE", {"Host": "other.example.com",
+                                          "X-Forwarded-Host": "api.example.com"})
+    assert limit_of(r) == 4
+    r = check(d, "/check/h/a", "DELETE", {"Host": "api.example.com",
+                                          "X-Forwarded-Host": "other.example.com"})
+    assert limit_of(r) == 1000
+
+
+METHOD_POLICY = policy("".join(
+    route("m%s" % m.lower(), "{prefix: /m/, methods: [%s]}" % m, [fw(11 + i)])
+    for i, m in enumerate(METHODS)))
+
+
+@pytest.fixture(scope="module")
+def method_daemon(tmp_path_factory):
+    yield from shared_daemon(tmp_path_factory, METHOD_POLICY)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_all_conventions(method_daemon, method):
+    d = method_daemon[0]   # one route per method: the cases do not interfere
+    quota = 11 + METHODS.index(method)
+    # Envoy: the check request carries the original method
+    r = check(d, "/check/m/x", method)
+    assert r.status_code == 200 and limit_of(r) == quota
+    assert remaining_of(r) == quota - 1
+    # nginx: any method on /check, original in X-Original-Method
+    r = check(d, "/check", "GET", {"X-Original-URI": "/m/x", "X-Original-Method": method})
+    assert r.status_code == 200 and limit_of(r) == quota
+    assert remaining_of(r) == quota - 2
+    # Traefik: GET with X-Forwarded-Method
+    r = check(d, "/check", "GET", {"X-Forwarded-Uri": "/m/x", "X-Forwarded-Method": method})
+    assert r.status_code == 200 and limit_of(r) == quota
+    assert remaining_of(r) == quota - 3
+    # direct call of /check itself with the method (path resolves to "/": no route)
+    r = check(d, "/check", method)
+    assert r.status_code == 200 and not has_rl_headers(r)
+
+
+def test_method_not_listed_is_no_match(start_daemon):
+    d = start_daemon(policy(route("posts", "{prefix: /p/, methods: [POST]}", [fw(1)])))
+    for m in ("GET", "PUT", "DELETE", "HEAD"):
+        r = check(d, "/check/p/x", m)
+        assert r.status_code == 200 and not has_rl_headers(r), m
+
+
+# ---------------------------------------------------------------- routes
+
+ROUTES = policy(
+    route("exact", "{path: /exact}", [fw(21)])
+    + route("pre", "{prefix: /pre/}", [fw(22)])
+    + route("rx", "{regex: '^/v[0-9]+/items$'}", [fw(23)])
+    + route("host", "{prefix: /hosted/, host: api.example.com}", [fw(24)])
+    + route("first", "{prefix: /both/}", [fw(25)])
+    + route("second", "{prefix: /both/x}", [fw(26)]))
+
+
+@pytest.fixture(scope="module")
+def routes_daemon(tmp_path_factory):
+    yield from shared_daemon(tmp_path_factory, ROUTES)
+
+
+@pytest.mark.parametrize("path,quota", [
+    ("/exact", 21), ("/exact?x=1", 21),
+    ("/pre/", 22), ("/pre/a/b", 22), ("/pre/a?q=1", 22),
+    ("/v1/items", 23), ("/v22/items", 23), ("/v3/items?page=2", 23),
+    ("/both/x", 25), ("/both/xyz", 25),
+    ("/exact/", None), ("/exactly", None), ("/exact/x", None),
+    ("/pre", None), ("/prefix", None), ("/PRE/a", None),
+    ("/vx/items", None), ("/v1/items/x", None), ("/a/v1/items", None),
+    ("/nothing", None), ("/", None),
+])
+def test_route_matching(routes_daemon, path, quota):
+    d = routes_daemon[0]
+    for r in (check(d, "/check", "GET", {"X-Original-URI": path}),
+              check(d, "/check" + path, "GET")):
+        assert r.status_code == 200
+        if quota is None:
+            assert not has_rl_headers(r), r.headers
+            assert r.content == b""
+        else:
+            assert limit_of(r) == quota
+
+
+def test_route_host(start_daemon):
+    d = start_daemon(ROUTES)
+    r = check(d, "/check/hosted/a", "GET", {"Host": "api.example.com"})
+    assert limit_of(r) == 24
+    r = check(d, "/check/hosted/a", "GET", {"Host": "www.example.com"})
+    assert r.status_code == 200 and not has_rl_headers(r)
+    r = check(d, "/check", "GET", {"X-Original-URI": "/hosted/a",
+                                   "X-Forwarded-Host": "api.example.com"})
+    assert limit_of(r) == 24
+    # host names are case-insensitive
+    r = check(d, "/check/hosted/a", "GET", {"Host": "API.Example.COM"})
+    assert r.status_code == 200 and limit_of(r) == 24
+
+
+def test_no_route_is_not_counted(start_daemon, redis_server):
+    d = start_daemon(ROUTES)
+    for _ in range(5):
+        r = check(d, "/check/nothing")
+        assert r.status_code == 200 and not has_rl_headers(r) and r.content == b""
+    assert all_keys(redis_server.client()) == set()
+
+
+# ---------------------------------------------------------------- quotas
+
+def test_fixed_window_exact_quota_and_headers(start_daemon, redis_server):
+    d = start_daemon(policy(route("fw", "{prefix: /}", [fw(5)])))
+    for left in range(4, -1, -1):
+        r = check(d, "/check/a")
+        assert r.status_code == 200
+        assert r.content == b""
+        assert limit_of(r) == 5 and remaining_of(r) == left
+        assert "Retry-After" not in r.headers
+        now = redis_now(redis_server)
+        to_end = 3600 - (now % 3600)
+        reset = int(r.headers["X-RateLimit-Reset"])
+        assert 1 <= reset <= 3600
+        assert abs(reset - math.ceil(to_end)) <= 2, (reset, to_end)
+    for _ in range(3):
+        r = check(d, "/check/a")
+        assert r.status_code == 429
+        assert limit_of(r) == 5 and remaining_of(r) == 0
+        ra = int(r.headers["Retry-After"])
+        now = redis_now(redis_server)
+        assert 1 <= ra <= 3600
+        assert abs(ra - math.ceil(3600 - now % 3600)) <= 2
+        assert r.headers["Content-Type"].startswith("application/json")
+        body = r.json()
+        assert set(body) == {"error", "route", "retry_after"}
+        assert body["error"] == "rate_limited" and body["route"] == "fw"
+        assert isinstance(body["retry_after"], int) and body["retry_after"] >= 1
+        assert abs(body["retry_after"] - ra) <= 1
+
+
+def test_token_bucket_exact_quota_and_headers(start_daemon):
+    d = start_daemon(policy(route("tb", "{prefix: /}", [tb(4, "1/h")])))
+    for used in range(1, 5):
+        r = check(d, "/check/a")
+        assert r.status_code == 200
+        assert limit_of(r) == 4 and remaining_of(r) == 4 - used
+        # back to full after `used` tokens at one per hour
+        reset = int(r.headers["X-RateLimit-Reset"])
+        assert abs(reset - used * 3600) <= 2, reset
+        assert "Retry-After" not in r.headers
+    r = check(d, "/check/a")
+    assert r.status_code == 429
+    assert limit_of(r) == 4 and remaining_of(r) == 0
+    ra = int(r.headers["Retry-After"])
+    assert 3590 <= ra <= 3600, ra
+    assert abs(int(r.headers["X-RateLimit-Reset"]) - 4 * 3600) <= 2
+    assert r.json()["route"] == "tb"
+    assert abs(r.json()["retry_after"] - ra) <= 1
+
+
+def test_token_bucket_refills_continuously(start_daemon):
+    import time
+    d = start_daemon(policy(route("tb", "{prefix: /}", [tb(2, "10/s")])))
+    assert check(d, "/check/a").status_code == 200
+    assert check(d, "/check/a").status_code == 200
+    r = check(d, "/check/a")
+    assert r.status_code == 429
+    assert r.headers["Retry-After"] == "1"
+    assert r.headers["X-RateLimit-Reset"] == "1"
+    time.sleep(0.15)   # 1.5 tokens: sub-second refill
+    r = check(d, "/check/a")
+    assert r.status_code == 200 and remaining_of(r) == 0
+    assert check(d, "/check/a").status_code == 429
+
+
+def test_deny_status_default_is_429(start_daemon):
+    d = start_daemon(policy(route("r", "{prefix: /}", [fw(1)])))
+    assert check(d, "/check/x").status_code == 200
+    assert check(d, "/check/x").status_code == 429
+
+
+def test_deny_status_server_and_route_override(start_daemon):
+    d = start_daemon(policy(
+        route("srv", "{prefix: /s/}", [fw(1)])
+        + route("own", "{prefix: /o/}", [fw(1)], extra="    deny_status: 429\n"),
+        server="  deny_status: 403\n"))
+    assert check(d, "/check/s/x").status_code == 200
+    r = check(d, "/check/s/x")
+    assert r.status_code == 403
+    assert r.json() == {"error": "rate_limited", "route": "srv",
+                        "retry_after": r.json()["retry_after"]}
+    assert int(r.headers["Retry-After"]) >= 1
+    assert check(d, "/check/o/x").status_code == 200
+    r = check(d, "/check/o/x")
+    assert r.status_code == 429 and r.json()["route"] == "own"
+
+
+def test_deny_status_route_override_of_default(start_daemon):
+    d = start_daemon(policy(route("own", "{prefix: /}", [fw(1)],
+                                  extra="    deny_status: 403\n")))
+    assert check(d, "/check/x").status_code == 200
+    r = check(d, "/check/x")
+    assert r.status_code == 403 and r.json()["error"] == "rate_limited"
+
+
+# ---------------------------------------------------------------- several limits
+
+@pytest.mark.parametrize("order", ["bucket_first", "window_first"])
+def test_several_limits_all_or_nothing(start_daemon, redis_server, order):
+    lims = [tb(5, "1/h", name="wide"), fw(2, name="narrow")]
+    if order == "window_first":
+        lims.reverse()
+    d = start_daemon(policy(route("multi", "{prefix: /}", lims)))
+    rc = redis_server.client()
+    kw = rkey("multi", "127.0.0.1", "wide", "token_bucket")
+    kn = rkey("multi", "127.0.0.1", "narrow", "fixed_window")
+    for left in (1, 0):
+        r = check(d, "/check/a")
+        assert r.status_code == 200
+        assert limit_of(r) == 2 and remaining_of(r) == left
+    assert {kw, kn} <= all_keys(rc)
+    before = (rc.dump(kw), rc.dump(kn))
+    for _ in range(3):
+        r = check(d, "/check/a")
+        assert r.status_code == 429
+        assert limit_of(r) == 2 and remaining_of(r) == 0
+    assert (rc.dump(kw), rc.dump(kn)) == before, "a denied request charged a limit"
+    # what the daemon reports agrees: the wide limit still has 3 left
+    # (this /v1/check is itself denied, so charges nothing)
+    v = vcheck(d, {"route": "multi", "key": "127.0.0.1"}).json()
+    assert v["allowed"] is False
+    wide = [l for l in v["limits"] if l["name"] == "wide"][0]
+    narrow = [l for l in v["limits"] if l["name"] == "narrow"][0]
+    assert wide["remaining"] == 3 and wide["allowed"] is True
+    assert narrow["remaining"] == 0 and narrow["allowed"] is False
+    assert (rc.dump(kw), rc.dump(kn)) == before
+
+
+def test_headers_from_limit_closest_to_exhaustion(start_daemon):
+    d = start_daemon(policy(route("m", "{prefix: /}",
+                                  [fw(10, name="big"), fw(3, name="small"), fw(6, name="mid")])))
+    for left in (2, 1, 0):
+        r = check(d, "/check/a")
+        assert r.status_code == 200
+        assert limit_of(r) == 3 and remaining_of(r) == left
+    r = check(d, "/check/a")
+    assert r.status_code == 429 and limit_of(r) == 3 and remaining_of(r) == 0
+
+
+@pytest.mark.parametrize("order", ["long_first", "long_second"])
+def test_headers_tie_takes_longest_reset(start_daemon, order):
+    lims = [tb(5, "5/h", name="slow"), tb(5, "5/s", name="fast")]
+    if order == "long_second":
+        lims.reverse()
+    d = start_daemon(policy(route("m", "{prefix: /}", lims)))
+    r = check(d, "/check/a")
+    assert r.status_code == 200
+    assert limit_of(r) == 5 and remaining_of(r) == 4
+    # slow: one token back after 3600/5 = 720 s; fast: after 0.2 s (1 s)
+    reset = int(r.headers["X-RateLimit-Reset"])
+    assert 718 <= reset <= 720, reset
+
+
+def test_check_does_not_reply_json_when_allowed(start_daemon):
+    d = start_daemon(policy(route("r", "{prefix: /}", [fw(3)])))
+    r = check(d, "/check/a", "POST", data=b"some body the gateway forwarded")
+    assert r.status_code == 200 and r.content == b""
+    assert remaining_of(r) == 2
+
+
+def test_fixed_window_rolls_over(start_daemon, redis_server):
+    import time
+    d = start_daemon(policy(route("fw1", "{prefix: /}", [fw(2, window="1s")])))
+    # start just after a second boundary (Redis time) so the window is ours
+    now = redis_now(redis_server)
+    time.sleep(1.02 - (now % 1))
+    assert check(d, "/check/a").status_code == 200
+    assert check(d, "/check/a").status_code == 200
+    r = check(d, "/check/a")
+    assert r.status_code == 429 and r.headers["Retry-After"] == "1"
+    now = redis_now(redis_server)
+    time.sleep(1.02 - (now % 1))
+    r = check(d, "/check/a")
+    assert r.status_code == 200, "a denial outlived its window"
+    assert remaining_of(r) == 1

@@ -1,0 +1,315 @@
+"""Malformed HTTP and hostile input never take the daemon down (SPEC §3.3, §8).
+After every attack the daemon must still answer /healthz and count right."""
+import socket
+import time
+
+import pytest
+import requests
+
+from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
+from helpers import all_keys, check, healthy, policy, raw_http, shared_daemon, status_of
+
+POL = policy(
+    "  - name: r\n    match: {prefix: /}\n    key: [header:X-Api-Key, ip]\n"
+    "    limits: [{name: q, algorithm: fixed_window, limit: 5, window: 1h}]\n")
+
+
+def still_counts(d, key):
+    r = check(d, "/check/x", "GET", {"X-Api-Key": key})
+    return r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "4"
+
+
+GARBAGE = [
+    b"GARBAGE\r\n\r\n",
+    b"\x00\x01\x02\x03\xff\xfe\r\n\r\n",
+    b"GET\r\n\r\n",
+    b"GET /check\r\n\r\n",
+    b"GET /check HTTP/9.9\r\n\r\n",
+    b"GET /check HTTP/1.1 extra\r\n\r\n",
+    b"GET  HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"\r\n\r\n\r\n",
+    b"GET /check HTTP/1.1\r\nNoColonHeader\r\n\r\n",
+    b"GET /check HTTP/1.1\r\n: empty-name\r\n\r\n",
+    b"GET /check HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n",
+    b"GET /check HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999\r\n\r\n",
+    b"POST /v1/check HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"POST /v1/check HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"fffffffffffffff\r\n{}\r\n0\r\n\r\n",
+    b"GET /check/%zz%00%ff HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"GET /check HTTP/1.1\r\nHost: x\r\nX-Original-URI: \xff\xfe\x00/\r\n\r\n",
+    b"GET /check HTTP/1.1\r\nHost: x\r\nX-Original-Method: \xc3\x28\r\n\r\n",
+    b"GET /check HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: \xff, ::::, 999.1.1.1, \r\n\r\n",
+    b"GET /check HTTP/1.1\r\nHost: x\r\nX-Real-IP: not-an-ip\r\n\r\n",
+    b"GET /check HTTP/1.1\r\nHost: x\r\nCookie: ;;;=;==; sid\r\n\r\n",
+    b"GET /check HTTP/1.1\r\nHost: x\r\nX-Original-URI: ?&&==&k\r\n\r\n",
+    b"GET /check HTTP/1.1\r\nHost: x\r\nX-Original-URI: \r\n\r\n",
+    b"GET /check HTTP/1.1\r\nHost: x\r\nX-Original-URI: " + b"/a" * 6000 + b"\r\n\r\n",
+    b"GET /check HTTP/1.1\r\n" + b"X-H: v\r\n" * 1500 + b"\r\n",
+    b"GET /check HTTP/1.1\r\nHost: x\r\nX-Api-Key: a\x00b\r\n\r\n",
+    b"GET /check HTTP/1.1\r\nHost: x\r\n\tfolded\r\n\r\n",
+    b"GET /check HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: " + b"10.0.0.1, " * 1200 + b"\r\n\r\n",
+    b"GET /check HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: " + b"," * 8000 + b"\r\n\r\n",
+]
+
+
+@pytest.fixture(scope="module")
+def garbage_daemon(tmp_path_factory):
+    yield from shared_daemon(tmp_path_factory, POL)
+
+
+@pytest.mark.parametrize("i", range(len(GARBAGE)))
+def test_garbage_requests(garbage_daemon, i):
+    d = garbage_daemon[0]
+    out = raw_http(d.port, GARBAGE[i], timeout=2)
+    st = status_of(out)
+    # 4xx for bad input (505 is the right answer to an unknown HTTP version);
+    # never a 5xx that a gateway would read as "the sidecar is broken"
+    assert st is None or st < 500 or st == 505, out[:200]
+    assert healthy(d)
+    assert still_counts(d, "after-%d" % i)
+
+
+def test_many_garbage_requests_in_a_row(start_daemon):
+    d = start_daemon(POL)
+    for data in GARBAGE * 2:
+        raw_http(d.port, data, timeout=0.5)
+    assert healthy(d)
+    assert still_counts(d, "after-all")
+
+
+def test_invalid_utf8_headers_answered(start_daemon, redis_server):
+    d = start_daemon(POL)
+    out = raw_http(d.port, b"GET /check/x HTTP/1.1\r\nHost: x\r\nX-Api-Key: \xc3\x28\xa0\xa1\r\n"
+                   b"Connection: close\r\n\r\n")
+    assert status_of(out) == 200, out[:300]
+    assert b"X-RateLimit-Remaining: 4" in out
+    assert "rl:{r:%C3%28%A0%A1}:q:fixed_window" in all_keys(redis_server.client())
+    assert healthy(d)
+
+
+@pytest.mark.parametrize("size", [17 * 1024, 64 * 1024, 1024 * 1024])
+def test_huge_headers_rejected(start_daemon, size):
+    d = start_daemon(POL)
+    req = (b"GET /check/x HTTP/1.1\r\nHost: x\r\nX-Api-Key: big\r\nX-Big: " + b"a" * size
+           + b"\r\nConnection: close\r\n\r\n")
+    try:
+        out = raw_http(d.port, req, timeout=3)
+    except (BrokenPipeError, ConnectionResetError):
+        out = b""
+    assert status_of(out) in (400, 413, 431), out[:200]
+    assert healthy(d)
+    # the rejected request was not counted
+    r = check(d, "/check/x", "GET", {"X-Api-Key": "big"})
+    assert r.headers["X-RateLimit-Remaining"] == "4"
+
+
+def test_huge_request_line_rejected(start_daemon):
+    d = start_daemon(POL)
+    req = b"GET /check/" + b"a" * (20 * 1024) + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    try:
+        out = raw_http(d.port, req, timeout=3)
+    except (BrokenPipeError, ConnectionResetError):
+        out = b""
+    assert status_of(out) in (400, 413, 414, 431), out[:200]
+    assert healthy(d)
+
+
+def test_many_headers_under_limit_accepted(start_daemon):
+    d = start_daemon(POL)
+    h = {"X-Api-Key": "many"}
+    h.update({"X-Pad-%d" % i: "v" * 150 for i in range(60)})   # ~10 KiB in 65 headers
+    r = check(d, "/check/x", "GET", h)
+    assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "4"
+
+
+def test_half_requests_and_abrupt_closes(start_daemon):
+    d = start_daemon(POL)
+    for data in (b"GET /check/x HTTP/1.1\r\nHost:", b"POST /v1/check HTTP/1.1\r\n"
+                 b"Content-Length: 100\r\n\r\n{\"route\":", b"G"):
+        for _ in range(10):
+            s = socket.create_connection(("127.0.0.1", d.port))
+            s.sendall(data)
+            s.close()
+    # reset (RST) instead of FIN
+    for _ in range(10):
+        s = socket.create_connection(("127.0.0.1", d.port))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+        s.sendall(b"GET /check/x HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.close()
+    time.sleep(0.2)
+    assert healthy(d)
+    assert still_counts(d, "after-abort")
+
+
+def test_pipelined_requests(start_daemon):
+    d = start_daemon(POL)
+    req = b"GET /check/x HTTP/1.1\r\nHost: x\r\nX-Api-Key: pipe\r\n\r\n"
+    last = b"GET /check/x HTTP/1.1\r\nHost: x\r\nX-Api-Key: pipe\r\nConnection: close\r\n\r\n"
+    out = raw_http(d.port, req * 2 + last, timeout=3, expect=3)
+    assert out.count(b"HTTP/1.1 200") == 3, out
+    for n in (4, 3, 2):
+        assert b"X-RateLimit-Remaining: %d\r\n" % n in out
+
+
+def test_http10_request(start_daemon):
+    d = start_daemon(POL)
+    out = raw_http(d.port, b"GET /check/x HTTP/1.0\r\nX-Api-Key: h10\r\n\r\n", timeout=3)
+    assert status_of(out) == 200
+    assert b"X-RateLimit-Remaining: 4" in out
+
+
+def test_bad_json_then_healthy(start_daemon):
+    d = start_daemon(POL)
+    for body in (b"{", b"\x00" * 1000, b'{"route":"r","key":"\xff"}', b'{"route":' * 5000,
+                 b'{"route":"r","key":"k","cost":1e400}', b'{"a":"\\ud800"}'):
+        r = requests.post(d.url("/v1/check"), data=body, timeout=5)
+        assert r.status_code == 400, (body[:40], r.status_code)
+    assert healthy(d)
+    assert still_counts(d, "after-json")
+
+
+def test_idle_connections_do_not_block_others(start_daemon):
+    d = start_daemon(POL)
+    idle = [socket.create_connection(("127.0.0.1", d.port)) for _ in range(50)]
+    try:
+        for s in idle[:25]:
+            s.sendall(b"GET /check/x HTTP/1.1\r\n")   # never finished
+        t0 = time.monotonic()
+        assert still_counts(d, "idle")
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_idle_timeout_closes_connection(start_daemon):
+    d = start_daemon(POL.replace("server:\n", "server:\n  idle_timeout: 1s\n", 1))
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+    try:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = s.recv(65536)
+        assert first.startswith(b"HTTP/1.1 200")
+        t0 = time.monotonic()
+        rest = s.recv(65536)       # blocks until the daemon closes the idle connection
+        waited = time.monotonic() - t0
+        assert rest == b""
+        assert 0.5 < waited < 3.5, waited
+    finally:
+        s.close()
+    assert healthy(d)
+
+
+def test_conflicting_content_lengths_rejected(start_daemon, redis_server):
+    """RFC 9112 §6.3: differing Content-Length values are an unrecoverable
+    error (a request-smuggling vector); the request must not be processed."""
+    d = start_daemon(POL)
+    body = b'{"route":"r","key":"smuggle"}'
+    out = raw_http(d.port, b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n"
+                   b"Content-Length: 3\r\n\r\n%s" % (len(body), body), timeout=2)
+    assert status_of(out) == 400, out[:200]
+    assert all_keys(redis_server.client()) == set()
+    assert healthy(d)
+
+
+def test_partial_request_head_times_out(start_daemon):
+    """A client that never finishes its request head (slowloris) is closed
+    after server.idle_timeout."""
+    d = start_daemon(POL.replace("server:\n", "server:\n  idle_timeout: 1s\n", 1))
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=6)
+    try:
+        s.sendall(b"GET /check/x HTTP/1.1\r\nHost: x\r\n")
+        t0 = time.monotonic()
+        for _ in range(3):                      # trickle a byte now and then
+            time.sleep(0.3)
+            try:
+                s.sendall(b"X")
+            except OSError:
+                break
+        try:
+            rest = s.recv(65536)
+            while rest and not rest.endswith(b"}") and b"\r\n\r\n" not in rest:
+                rest += s.recv(65536)
+        except (ConnectionResetError, socket.timeout):
+            rest = b""
+        waited = time.monotonic() - t0
+        st = status_of(rest)
+        assert st is None or 400 <= st < 500, rest[:200]
+        assert waited < 5, waited
+    finally:
+        s.close()
+    assert healthy(d)
+
+
+def test_file_descriptor_exhaustion(start_daemon):
+    """With its fd limit lowered to 64, 150 connections at once must not take
+    the daemon down; once they close it serves again."""
+    import subprocess
+    d = start_daemon(POL)
+    subprocess.run(["prlimit", "--pid", str(d.proc.pid), "--nofile=64:64"], check=True)
+    conns = []
+    try:
+        for _ in range(150):
+            try:
+                conns.append(socket.create_connection(("127.0.0.1", d.port), timeout=1))
+            except OSError:
+                break
+        for s in conns[:50]:
+            try:
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            except OSError:
+                pass
+        time.sleep(0.3)
+    finally:
+        for s in conns:
+            s.close()
+    assert wait_until_healthy(d, 3), d.log()[-2000:]
+    assert still_counts(d, "after-emfile")
+
+
+def wait_until_healthy(d, timeout):
+    from conftest import wait_until
+    return wait_until(lambda: healthy(d), timeout=timeout)
+
+
+def test_head_replies_have_no_body(start_daemon):
+    """A HEAD reply (allowed or denied) carries no body, so the next
+    pipelined response starts right after its head."""
+    d = start_daemon(POL.replace("limit: 5", "limit: 1"))
+    req = b"HEAD /check/x HTTP/1.1\r\nHost: x\r\nX-Api-Key: head\r\n\r\n"
+    out = raw_http(d.port, req + req + b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+                   b"Connection: close\r\n\r\n", timeout=3, expect=0)
+    parts = out.split(b"\r\n\r\n")
+    assert parts[0].startswith(b"HTTP/1.1 200") and b"X-RateLimit-Remaining: 0" in parts[0]
+    assert parts[1].startswith(b"HTTP/1.1 429") and b"Retry-After:" in parts[1]
+    assert parts[2].startswith(b"HTTP/1.1 200") and parts[3].strip() == b"ok"
+
+
+def test_large_pipelined_burst(start_daemon):
+    d = start_daemon(POL.replace("limit: 5", "limit: 100000").replace(
+        "timeout: 50ms", "timeout: 2s"))
+    req = b"GET /check/x HTTP/1.1\r\nHost: x\r\nX-Api-Key: burst\r\n\r\n"
+    last = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    out = raw_http(d.port, req * 999 + last, timeout=10, expect=1000)
+    assert out.count(b"HTTP/1.1 200 OK") == 1000
+    assert b"X-RateLimit-Remaining: 99001\r\n" in out
+    assert healthy(d)
+
+
+@pytest.mark.parametrize("fmt_", ["text", "json"])
+def test_untrusted_bytes_cannot_forge_log_lines(start_daemon, fmt_):
+    d = start_daemon(POL.replace("routes:\n", "log: {{level: debug, format: %s, access: true}}\n"
+                                 "routes:\n" % fmt_, 1))
+    evil = "k\nFORGED-LINE level=error \"x\"\r\n\x1b[31mred"
+    r = requests.post(d.url("/v1/check"), json={"route": "r", "key": evil}, timeout=5)
+    assert r.status_code == 200
+    raw_http(d.port, b"GET /check/x HTTP/1.1\r\nHost: x\r\nX-Api-Key: a\x1b[2Jb\xff\r\n"
+             b"X-Original-URI: /\x1b]0;t\x07\r\nConnection: close\r\n\r\n")
+    time.sleep(0.2)
+    text = d.log()
+    assert "FORGED-LINE" in text, "the access log does not show the key at all"
+    for line in text.splitlines():
+        assert not line.startswith("FORGED-LINE"), line
+        assert "\x1b" not in line, repr(line)
+        if fmt_ == "json":
+            import json
+            json.loads(line)

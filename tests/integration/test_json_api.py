@@ -1,0 +1,247 @@
+"""POST /v1/check (SPEC §3.2)."""
+import json
+
+import pytest
+import requests
+
+from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
+from helpers import all_keys, has_rl_headers, policy, rkey, shared_daemon, vcheck
+
+JSON_POLICY = policy(
+    "  - name: api\n"
+    "    match: {prefix: /api/, host: api.example.com}\n"
+    "    key: [header:X-Api-Key, ip]\n"
+    "    limits:\n"
+    '      - {name: burst, algorithm: token_bucket, rate: "1/h", burst: 5}\n'
+    "      - {name: hourly, algorithm: fixed_window, limit: 10, window: 1h}\n"
+    "  - name: byip\n"
+    "    match: {prefix: /ip/}\n"
+    "    key: ip\n"
+    "    limits: [{name: q, algorithm: fixed_window, limit: 3, window: 1h}]\n"
+    "  - name: single\n"
+    "    match: {prefix: /s/}\n"
+    "    key: header:K\n"
+    "    deny_status: 403\n"
+    "    limits: [{name: q, algorithm: fixed_window, limit: 5, window: 1h}]\n")
+
+TOP = {"allowed", "route", "key", "limit", "remaining", "reset", "retry_after",
+       "degraded", "limits"}
+PER_LIMIT = {"name", "algorithm", "limit", "remaining", "reset", "allowed"}
+
+
+def is_int(x):
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def test_name_form_reply_fields(start_daemon):
+    d = start_daemon(JSON_POLICY)
+    r = vcheck(d, {"route": "api", "key": "k1", "cost": 1})
+    assert r.status_code == 200, r.text
+    assert r.headers["Content-Type"].startswith("application/json")
+    v = r.json()
+    assert set(v) == TOP
+    assert v["allowed"] is True and v["degraded"] is False
+    assert v["route"] == "api" and v["key"] == "k1"
+    for f in ("limit", "remaining", "reset", "retry_after"):
+        assert is_int(v[f]), f
+    assert v["limit"] == 5 and v["remaining"] == 4 and v["retry_after"] == 0
+    assert abs(v["reset"] - 3600) <= 2
+    assert [set(l) for l in v["limits"]] == [PER_LIMIT, PER_LIMIT]
+    burst, hourly = v["limits"]
+    assert burst["name"] == "burst" and burst["algorithm"] == "token_bucket"
+    assert burst["limit"] == 5 and burst["remaining"] == 4 and burst["allowed"] is True
+    assert abs(burst["reset"] - 3600) <= 2
+    assert hourly["name"] == "hourly" and hourly["algorithm"] == "fixed_window"
+    assert hourly["limit"] == 10 and hourly["remaining"] == 9 and hourly["allowed"] is True
+    assert 1 <= hourly["reset"] <= 3600
+    # headers are those of the top level
+    assert r.headers["X-RateLimit-Limit"] == "5"
+    assert r.headers["X-RateLimit-Remaining"] == "4"
+    assert int(r.headers["X-RateLimit-Reset"]) == v["reset"]
+    assert "Retry-After" not in r.headers
+
+
+def test_cost_defaults_to_one(start_daemon):
+    d = start_daemon(JSON_POLICY)
+    assert vcheck(d, {"route": "single", "key": "a"}).json()["remaining"] == 4
+    assert vcheck(d, {"route": "single", "key": "a"}).json()["remaining"] == 3
+
+
+def test_describe_form(start_daemon, redis_server):
+    d = start_daemon(JSON_POLICY)
+    body = {"method": "GET", "path": "/api/users?id=1", "host": "api.example.com",
+            "ip": "203.0.113.7", "headers": {"X-Api-Key": "k1"}, "cost": 1}
+    r = vcheck(d, body)
+    assert r.status_code == 200
+    v = r.json()
+    assert v["route"] == "api" and v["key"] == "k1" and v["remaining"] == 4
+    # without the header the ip is the key (fallback list)
+    del body["headers"]
+    v = vcheck(d, body).json()
+    assert v["route"] == "api" and v["key"] == "203.0.113.7"
+    # the same client through the name form shares the counter
+    v = vcheck(d, {"route": "api", "key": "k1"}).json()
+    assert v["remaining"] == 3
+    assert all_keys(redis_server.client()) == {
+        rkey("api", "k1", "burst", "token_bucket"), rkey("api", "k1", "hourly", "fixed_window"),
+        rkey("api", "203.0.113.7", "burst", "token_bucket"),
+        rkey("api", "203.0.113.7", "hourly", "fixed_window")}
+
+
+def test_describe_form_ip_is_client_ip(start_daemon, redis_server):
+    d = start_daemon(JSON_POLICY)
+    for left in (2, 1, 0):
+        v = vcheck(d, {"method": "POST", "path": "/ip/x", "ip": "198.51.100.3"}).json()
+        assert v["allowed"] is True and v["key"] == "198.51.100.3" and v["remaining"] == left
+    r = vcheck(d, {"method": "POST", "path": "/ip/x", "ip": "198.51.100.3"})
+    assert r.status_code == 429 and r.json()["allowed"] is False
+    v = vcheck(d, {"method": "POST", "path": "/ip/x", "ip": "198.51.100.4"}).json()
+    assert v["allowed"] is True and v["remaining"] == 2
+    assert rkey("byip", "198.51.100.3", "q", "fixed_window") in all_keys(redis_server.client())
+
+
+def test_describe_form_host_must_match(start_daemon):
+    d = start_daemon(JSON_POLICY)
+    r = vcheck(d, {"method": "GET", "path": "/api/x", "host": "other.example.com",
+                   "headers": {"X-Api-Key": "k1"}})
+    assert r.status_code == 200
+    assert r.json() == {"allowed": True, "route": None}
+
+
+def test_no_route_reply(start_daemon, redis_server):
+    d = start_daemon(JSON_POLICY)
+    r = vcheck(d, {"method": "GET", "path": "/nothing/here", "ip": "192.0.2.1"})
+    assert r.status_code == 200
+    assert r.json() == {"allowed": True, "route": None}
+    assert not has_rl_headers(r)
+    assert all_keys(redis_server.client()) == set()
+
+
+def test_cost_and_denial(start_daemon):
+    d = start_daemon(JSON_POLICY)
+    v = vcheck(d, {"route": "single", "key": "c", "cost": 3}).json()
+    assert v["allowed"] is True and v["remaining"] == 2
+    r = vcheck(d, {"route": "single", "key": "c", "cost": 3})
+    assert r.status_code == 403   # the route's deny_status
+    v = r.json()
+    assert set(v) == TOP
+    assert v["allowed"] is False and v["degraded"] is False
+    assert v["remaining"] == 2    # nothing charged on a denial
+    assert is_int(v["retry_after"]) and v["retry_after"] >= 1
+    assert v["limits"][0]["allowed"] is False and v["limits"][0]["remaining"] == 2
+    assert r.headers["X-RateLimit-Remaining"] == "2"
+    assert int(r.headers["Retry-After"]) >= 1
+    v = vcheck(d, {"route": "single", "key": "c", "cost": 2}).json()
+    assert v["allowed"] is True and v["remaining"] == 0
+
+
+def test_cost_equal_to_quota(start_daemon):
+    d = start_daemon(JSON_POLICY)
+    r = vcheck(d, {"route": "single", "key": "e", "cost": 5})
+    assert r.status_code == 200 and r.json()["remaining"] == 0
+
+
+def test_cost_between_quotas_is_a_denial_not_an_error(start_daemon):
+    d = start_daemon(JSON_POLICY)
+    # route api: burst 5, hourly 10. cost 10 is within the largest quota
+    r = vcheck(d, {"route": "api", "key": "k", "cost": 10})
+    assert r.status_code == 429, r.text
+    v = r.json()
+    assert v["allowed"] is False
+    assert [l["allowed"] for l in v["limits"]] == [False, True]
+    assert [l["remaining"] for l in v["limits"]] == [5, 10]
+
+
+@pytest.fixture(scope="module")
+def json_daemon(tmp_path_factory):
+    """Shared by the 400 cases: none of them may count anything."""
+    yield from shared_daemon(tmp_path_factory, JSON_POLICY)
+
+
+def err(r):
+    assert r.status_code == 400, (r.status_code, r.text)
+    v = r.json()
+    assert set(v) == {"error"} and isinstance(v["error"], str) and v["error"]
+    return v["error"].lower()
+
+
+@pytest.mark.parametrize("body", [
+    "", "{", "not json", '{"route":"api",}', "{'route':'api'}", '{"route":"api"} x',
+    "\xff\xfe", '{"route": "api", "key": "k", "cost": 1',
+])
+def test_malformed_json_is_400(json_daemon, body):
+    d = json_daemon[0]
+    err(vcheck(d, body.encode("latin-1")))
+    assert requests.get(d.url("/healthz"), timeout=2).text.strip() == "ok"
+
+
+@pytest.mark.parametrize("body", ["[]", "null", "42", '"route"', "true"])
+def test_non_object_is_400(json_daemon, body):
+    d = json_daemon[0]
+    err(vcheck(d, body))
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"route": 5, "key": "k"}, "route"),
+    ({"route": "api", "key": 5}, "key"),
+    ({"route": "api", "key": ["k"]}, "key"),
+    ({"route": "api", "key": "k", "cost": "1"}, "cost"),
+    ({"route": "api", "key": "k", "cost": 1.5}, "cost"),
+    ({"route": "api", "key": "k", "cost": True}, "cost"),
+    ({"route": "api", "key": "k", "cost": 0}, "cost"),
+    ({"route": "api", "key": "k", "cost": -1}, "cost"),
+    ({"route": "api", "key": "k", "cost": 11}, "cost"),
+    ({"route": "single", "key": "k", "cost": 6}, "cost"),
+    ({"route": "api", "key": "k", "cost": 2 ** 40}, "cost"),
+    ({"method": "GET", "path": 5}, "path"),
+    ({"method": 5, "path": "/api/x"}, "method"),
+    ({"method": "GET", "path": "/api/x", "host": 5}, "host"),
+    ({"method": "GET", "path": "/api/x", "ip": 5}, "ip"),
+    ({"method": "GET", "path": "/api/x", "headers": ["X-Api-Key", "k"]}, "headers"),
+    ({"method": "GET", "path": "/api/x", "headers": {"X-Api-Key": 5}}, "header"),
+    ({"method": "GET", "path": "/s/x", "headers": {"K": "k"}, "cost": 0}, "cost"),
+])
+def test_wrong_field_is_400_naming_it(json_daemon, body, field):
+    d, rs = json_daemon
+    assert field in err(vcheck(d, body))
+    assert all_keys(rs.client()) == set()   # nothing in this module's daemon counts
+
+
+def test_unknown_route_is_400(start_daemon):
+    d = start_daemon(JSON_POLICY)
+    e = err(vcheck(d, {"route": "nope", "key": "k"}))
+    assert "route" in e or "nope" in e
+
+
+def test_body_over_64k_is_413(start_daemon):
+    d = start_daemon(JSON_POLICY)
+    base = json.dumps({"route": "single", "key": "big"})
+    ok = base + " " * (65536 - len(base))
+    assert len(ok) == 65536
+    r = vcheck(d, ok)
+    assert r.status_code == 200, r.status_code
+    big = base + " " * (65537 - len(base))
+    r = vcheck(d, big)
+    assert r.status_code == 413
+    # a client still sending a large body must get the 413 too, not a
+    # connection reset (RFC 9112 §9.6: close the write side, then drain)
+    for _ in range(5):
+        try:
+            r = vcheck(d, base + " " * (1 << 20))
+        except requests.exceptions.ConnectionError as e:
+            raise AssertionError("1 MiB body: connection reset instead of 413: %r" % e)
+        assert r.status_code == 413
+    assert requests.get(d.url("/healthz"), timeout=2).status_code == 200
+
+
+def test_deeply_nested_json_is_400(start_daemon):
+    d = start_daemon(JSON_POLICY)
+    err(vcheck(d, "[" * 20000 + "]" * 20000))
+    err(vcheck(d, '{"route":"api","key":"k","x":' + "[" * 20000 + "]" * 20000 + "}"))
+    assert requests.get(d.url("/healthz"), timeout=2).status_code == 200
+
+
+def test_bad_ip_and_missing_key_are_400(start_daemon):
+    d = start_daemon(JSON_POLICY)
+    assert "ip" in err(vcheck(d, {"method": "GET", "path": "/ip/x", "ip": "not-an-ip"}))
+    assert "key" in err(vcheck(d, {"route": "single"}))

@@ -1,0 +1,337 @@
+"""Client keys: ip with trusted proxies, header/query/cookie/global, fallback
+lists, missing_key, and the Redis key layout for long and odd keys
+(SPEC §4, §5; contract: Redis keys)."""
+import pytest
+
+from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
+from helpers import all_keys, check, has_rl_headers, policy, rkey, rkey_global, vcheck
+
+
+def fw(limit, name="q"):
+    return "{name: %s, algorithm: fixed_window, limit: %d, window: 1h}" % (name, limit)
+
+
+def route(name, prefix, key, limit=2, extra=""):
+    return ("  - name: %s\n    match: {prefix: %s}\n    key: %s\n%s    limits: [%s]\n"
+            % (name, prefix, key, extra, fw(limit)))
+
+
+KEYS = policy(
+    route("ipk", "/ip/", "ip")
+    + route("hdr", "/hdr/", "header:X-Api-Key")
+    + route("hdr2", "/hdr2/", "header:X-Api-Key")
+    + route("qry", "/qry/", "query:k")
+    + route("ck", "/ck/", "cookie:sid")
+    + route("glob", "/glob/", "global")
+    + route("fb", "/fb/", "[header:X-Api-Key, query:k, cookie:sid, ip]")
+    + route("fbn", "/fbn/", "[header:X-Api-Key, query:k]")
+    + route("md", "/md/", "header:X-Api-Key", extra="    missing_key: deny\n")
+    + route("ma", "/ma/", "header:X-Api-Key", extra="    missing_key: allow\n"),
+    top="trusted_proxies: [127.0.0.1/32, 10.0.0.0/8]\n")
+
+
+def remaining(r):
+    return int(r.headers["X-RateLimit-Remaining"])
+
+
+# ---------------------------------------------------------------- ip
+
+@pytest.mark.parametrize("headers,client", [
+    ({}, "127.0.0.1"),
+    ({"X-Forwarded-For": "203.0.113.5"}, "203.0.113.5"),
+    ({"X-Forwarded-For": "198.51.100.1, 203.0.113.5, 10.1.2.3"}, "203.0.113.5"),
+    ({"X-Forwarded-For": "198.51.100.1,203.0.113.5,10.1.2.3,10.9.9.9"}, "203.0.113.5"),
+    ({"X-Forwarded-For": "198.51.100.7", "X-Real-IP": "192.0.2.44"}, "198.51.100.7"),
+    ({"X-Real-IP": "192.0.2.44"}, "192.0.2.44"),
+    ({"X-Forwarded-For": "2001:db8::1"}, "2001:db8::1"),
+])
+def test_ip_from_trusted_peer(start_daemon, redis_server, headers, client):
+    d = start_daemon(KEYS)
+    r = check(d, "/check/ip/x", "GET", headers)
+    assert r.status_code == 200 and remaining(r) == 1
+    assert all_keys(redis_server.client()) == {rkey("ipk", client, "q", "fixed_window")}
+
+
+def test_ip_headers_ignored_from_untrusted_peer(start_daemon, redis_server):
+    d = start_daemon(KEYS.replace("[127.0.0.1/32, 10.0.0.0/8]", "[]"))
+    for h in ({"X-Forwarded-For": "203.0.113.5"}, {"X-Real-IP": "192.0.2.44"},
+              {"X-Forwarded-For": "1.2.3.4, 5.6.7.8", "X-Real-IP": "9.9.9.9"}):
+        check(d, "/check/ip/x", "GET", h)
+    assert all_keys(redis_server.client()) == {rkey("ipk", "127.0.0.1", "q", "fixed_window")}
+    # all three counted against the peer: limit 2, so the last was denied
+    r = check(d, "/check/ip/x", "GET", {"X-Forwarded-For": "203.0.113.77"})
+    assert r.status_code == 429
+
+
+def test_ips_counted_separately(start_daemon):
+    d = start_daemon(KEYS)
+    a = {"X-Forwarded-For": "203.0.113.1"}
+    b = {"X-Forwarded-For": "203.0.113.2"}
+    assert check(d, "/check/ip/x", "GET", a).status_code == 200
+    assert check(d, "/check/ip/x", "GET", a).status_code == 200
+    assert check(d, "/check/ip/x", "GET", a).status_code == 429
+    r = check(d, "/check/ip/x", "GET", b)
+    assert r.status_code == 200 and remaining(r) == 1
+
+
+# ---------------------------------------------------------------- sources
+
+def test_header_key(start_daemon, redis_server):
+    d = start_daemon(KEYS)
+    assert remaining(check(d, "/check/hdr/x", "GET", {"X-Api-Key": "k1"})) == 1
+    assert remaining(check(d, "/check/hdr/x", "GET", {"x-api-key": "k1"})) == 0
+    assert check(d, "/check/hdr/x", "GET", {"X-API-KEY": "k1"}).status_code == 429
+    assert remaining(check(d, "/check/hdr/x", "GET", {"X-Api-Key": "k2"})) == 1
+    # same key on another route: its own counter
+    assert remaining(check(d, "/check/hdr2/x", "GET", {"X-Api-Key": "k1"})) == 1
+    assert all_keys(redis_server.client()) == {
+        rkey("hdr", "k1", "q", "fixed_window"), rkey("hdr", "k2", "q", "fixed_window"),
+        rkey("hdr2", "k1", "q", "fixed_window")}
+
+
+def test_query_key(start_daemon, redis_server):
+    d = start_daemon(KEYS)
+    r = check(d, "/check", "GET", {"X-Original-URI": "/qry/a?x=1&k=v1&y=2"})
+    assert r.status_code == 200 and remaining(r) == 1
+    r = check(d, "/check", "GET", {"X-Forwarded-Uri": "/qry/b?k=v1"})
+    assert remaining(r) == 0
+    r = check(d, "/check/qry/c?k=v2", "GET")
+    assert remaining(r) == 1
+    assert all_keys(redis_server.client()) == {
+        rkey("qry", "v1", "q", "fixed_window"), rkey("qry", "v2", "q", "fixed_window")}
+
+
+def test_cookie_key(start_daemon, redis_server):
+    d = start_daemon(KEYS)
+    r = check(d, "/check/ck/x", "GET", {"Cookie": "a=1; sid=s1; b=2"})
+    assert r.status_code == 200 and remaining(r) == 1
+    r = check(d, "/check/ck/x", "GET", {"Cookie": "sid=s1"})
+    assert remaining(r) == 0
+    r = check(d, "/check/ck/x", "GET", {"Cookie": "xsid=s1; sid=s2"})
+    assert remaining(r) == 1
+    assert all_keys(redis_server.client()) == {
+        rkey("ck", "s1", "q", "fixed_window"), rkey("ck", "s2", "q", "fixed_window")}
+
+
+def test_global_key(start_daemon, redis_server):
+    d = start_daemon(KEYS)
+    assert remaining(check(d, "/check/glob/x", "GET", {"X-Forwarded-For": "203.0.113.1"})) == 1
+    assert remaining(check(d, "/check/glob/y", "GET", {"X-Forwarded-For": "203.0.113.2"})) == 0
+    assert check(d, "/check/glob/z", "GET", {"X-Real-IP": "192.0.2.1"}).status_code == 429
+    assert all_keys(redis_server.client()) == {rkey_global("glob", "q", "fixed_window")}
+
+
+def test_global_in_fallback_does_not_collide_with_literal_star(start_daemon, redis_server):
+    d = start_daemon(policy(route("g", "/", "[header:K, global]", limit=1)))
+    r = check(d, "/check/x", "GET", {"K": "*"})
+    assert r.status_code == 200
+    # no header: the global bucket, which must not be the client "*"
+    r = check(d, "/check/x")
+    assert r.status_code == 200, "a literal key '*' shares the global bucket"
+    assert all_keys(redis_server.client()) == {"rl:{g:%2A}:q:fixed_window",
+                                               rkey_global("g", "q", "fixed_window")}
+
+
+def test_literal_star_key_is_not_global(start_daemon, redis_server):
+    d = start_daemon(policy(route("g", "/g/", "global") + route("g2", "/h/", "header:K")))
+    assert check(d, "/check/h/x", "GET", {"K": "*"}).status_code == 200
+    assert rkey("g2", "*", "q", "fixed_window") == "rl:{g2:%2A}:q:fixed_window"
+    assert all_keys(redis_server.client()) == {"rl:{g2:%2A}:q:fixed_window"}
+
+
+@pytest.mark.parametrize("path,headers,client", [
+    ("/fb/x?k=q1", {"X-Api-Key": "h1", "Cookie": "sid=c1"}, "h1"),
+    ("/fb/x?k=q1", {"Cookie": "sid=c1"}, "q1"),
+    ("/fb/x", {"Cookie": "sid=c1"}, "c1"),
+    ("/fb/x", {"X-Forwarded-For": "203.0.113.8"}, "203.0.113.8"),
+    ("/fb/x", {}, "127.0.0.1"),
+])
+def test_fallback_first_present_wins(start_daemon, redis_server, path, headers, client):
+    d = start_daemon(KEYS)
+    r = check(d, "/check" + path, "GET", headers)
+    assert r.status_code == 200 and remaining(r) == 1
+    assert all_keys(redis_server.client()) == {rkey("fb", client, "q", "fixed_window")}
+
+
+def test_missing_key_deny_is_403(start_daemon, redis_server):
+    d = start_daemon(KEYS)
+    for path in ("/check/md/x", "/check/hdr/x", "/check/fbn/x"):   # explicit, default, list
+        r = check(d, path)
+        assert r.status_code == 403, path
+        assert r.headers["Content-Type"].startswith("application/json")
+        route = path.split("/")[2]
+        assert r.json() == {"error": "missing_key", "route": route}
+    assert all_keys(redis_server.client()) == set()
+
+
+def test_missing_key_allow_is_200_without_headers(start_daemon, redis_server):
+    d = start_daemon(KEYS)
+    for _ in range(5):
+        r = check(d, "/check/ma/x")
+        assert r.status_code == 200 and not has_rl_headers(r) and r.content == b""
+    assert all_keys(redis_server.client()) == set()
+    # with the key present it is limited
+    r = check(d, "/check/ma/x", "GET", {"X-Api-Key": "k"})
+    assert r.status_code == 200 and remaining(r) == 1
+
+
+# ---------------------------------------------------------------- odd and long keys
+
+ODD = [":", "a:b", "{x}", "}", "{", "%3A", "%", "a b", "a  b", "é", "日本語",
+       "x}:q:fixed_window", "k1:q", "*", "-._", "K1", "k1"]
+
+
+def test_odd_keys_counted_separately(start_daemon, redis_server):
+    d = start_daemon(KEYS)
+    for k in ODD:
+        for left in (1, 0):
+            r = check(d, "/check/hdr/x", "GET", {"X-Api-Key": k.encode("utf-8")})
+            assert r.status_code == 200, k
+            assert remaining(r) == left, k
+    for k in ODD:
+        r = check(d, "/check/hdr/x", "GET", {"X-Api-Key": k.encode("utf-8")})
+        assert r.status_code == 429, k
+    assert all_keys(redis_server.client()) == {rkey("hdr", k, "q", "fixed_window") for k in ODD}
+
+
+def test_odd_key_via_json_check(start_daemon, redis_server):
+    d = start_daemon(KEYS)
+    for k in ODD + ["a\nb", "\x7f\x01", "\t"]:
+        v = vcheck(d, {"route": "hdr", "key": k})
+        assert v.status_code == 200, (k, v.text)
+        assert v.json()["remaining"] == 1
+        assert v.json()["key"] == k
+    keys = all_keys(redis_server.client())
+    for k in ODD + ["a\nb", "\x7f\x01", "\t"]:
+        assert rkey("hdr", k, "q", "fixed_window") in keys, k
+
+
+def test_invalid_utf8_header_key(start_daemon, redis_server):
+    d = start_daemon(KEYS)
+    raw = b"\xff\xfe\x80"
+    assert remaining(check(d, "/check/hdr/x", "GET", {"X-Api-Key": raw})) == 1
+    assert remaining(check(d, "/check/hdr/x", "GET", {"X-Api-Key": raw})) == 0
+    assert all_keys(redis_server.client()) == {"rl:{hdr:%FF%FE%80}:q:fixed_window"}
+
+
+def test_long_keys_hashed_and_distinct(start_daemon, redis_server):
+    d = start_daemon(KEYS)
+    k256 = "a" * 256
+    k257 = "a" * 257
+    long1 = "x" * 1000 + "1"
+    long2 = "x" * 1000 + "2"
+    odd_long = ("é:{}% " * 60) + "z"   # 361 bytes with odd bytes
+    for k in (k256, k257, long1, long2, odd_long):
+        for left in (1, 0):
+            r = check(d, "/check/hdr/x", "GET", {"X-Api-Key": k.encode()})
+            assert r.status_code == 200 and remaining(r) == left, len(k)
+    for k in (k256, k257, long1, long2, odd_long):
+        assert check(d, "/check/hdr/x", "GET", {"X-Api-Key": k.encode()}).status_code == 429
+    keys = all_keys(redis_server.client())
+    expected = {rkey("hdr", k, "q", "fixed_window") for k in (k256, k257, long1, long2, odd_long)}
+    assert keys == expected
+    assert "rl:{hdr:" + "a" * 256 + "}:q:fixed_window" in keys
+    assert sum(1 for k in keys if ":#" in k) == 4
+
+
+def test_long_key_same_on_other_route_is_separate(start_daemon, redis_server):
+    d = start_daemon(KEYS)
+    k = "z" * 5000
+    assert remaining(check(d, "/check/hdr/x", "GET", {"X-Api-Key": k})) == 1
+    assert remaining(check(d, "/check/hdr/x", "GET", {"X-Api-Key": k})) == 0
+    assert remaining(check(d, "/check/hdr2/x", "GET", {"X-Api-Key": k})) == 1
+    assert all_keys(redis_server.client()) == {
+        rkey("hdr", k, "q", "fixed_window"), rkey("hdr2", k, "q", "fixed_window")}
+
+
+def test_key_prefix(start_daemon, redis_server):
+    d = start_daemon(policy(route("p", "/", "header:K"), redis='  key_prefix: "app1:"\n'))
+    assert check(d, "/check/x", "GET", {"K": "v"}).status_code == 200
+    assert all_keys(redis_server.client()) == {"app1:{p:v}:q:fixed_window"}
+
+
+def test_default_limit_names(start_daemon, redis_server):
+    d = start_daemon(policy(
+        "  - name: n\n    match: {prefix: /}\n    key: header:K\n    limits:\n"
+        "      - {algorithm: fixed_window, limit: 5, window: 1h}\n"
+        "      - {algorithm: fixed_window, limit: 6, window: 1h}\n"
+        '      - {algorithm: token_bucket, rate: "1/s", burst: 7}\n'))
+    v = vcheck(d, {"route": "n", "key": "v"}).json()
+    assert [l["name"] for l in v["limits"]] == ["fixed_window", "fixed_window-2", "token_bucket"]
+    assert all_keys(redis_server.client()) == {
+        "rl:{n:v}:fixed_window:fixed_window", "rl:{n:v}:fixed_window-2:fixed_window",
+        "rl:{n:v}:token_bucket:token_bucket"}
+
+
+def test_two_forwarded_for_lines_read_as_one_list(start_daemon, redis_server):
+    """RFC 9110 §5.3: repeated field lines are one comma-separated list, so
+    the right-most untrusted hop is in the last line (the one our proxy added),
+    not in the first line (which the client wrote)."""
+    from helpers import raw_http, status_of
+    d = start_daemon(KEYS)
+    out = raw_http(d.port, b"GET /check/ip/x HTTP/1.1\r\nHost: x\r\n"
+                   b"X-Forwarded-For: 6.6.6.6\r\n"
+                   b"X-Forwarded-For: 203.0.113.5\r\nConnection: close\r\n\r\n")
+    assert status_of(out) == 200
+    assert all_keys(redis_server.client()) == {rkey("ipk", "203.0.113.5", "q", "fixed_window")}
+
+
+def test_ip_spellings_share_one_counter(start_daemon, redis_server):
+    d = start_daemon(KEYS)
+    for spelling in ("2001:db8::1", "2001:DB8:0:0::1", "2001:0db8:0000::0001"):
+        check(d, "/check/ip/x", "GET", {"X-Forwarded-For": spelling})
+    assert all_keys(redis_server.client()) == {rkey("ipk", "2001:db8::1", "q", "fixed_window")}
+    v = vcheck(d, {"method": "GET", "path": "/ip/x", "ip": "2001:0DB8::0:1"})
+    assert v.status_code == 429   # the same client, already at its limit of 2
+
+
+def test_every_key_expires(start_daemon, redis_server):
+    d = start_daemon(policy(
+        "  - name: e\n    match: {prefix: /}\n    key: header:K\n    limits:\n"
+        "      - {name: w, algorithm: fixed_window, limit: 3, window: 1h}\n"
+        '      - {name: b, algorithm: token_bucket, rate: "1/m", burst: 3}\n'))
+    for k in ("a", "b", "b", "b", "b", "x" * 400):
+        check(d, "/check/x", "GET", {"K": k})
+    rc = redis_server.client()
+    keys = list(rc.scan_iter())
+    assert len(keys) == 6
+    for k in keys:
+        ttl = rc.pttl(k)
+        assert ttl > 0, (k, ttl)
+        # a window's counter lives to the window's end; a bucket until full
+        assert ttl <= 3600 * 1000 + 1000, (k, ttl)
+
+
+@pytest.mark.parametrize("n", [4095, 4096, 4097, 6000])
+def test_long_query_keys_do_not_collide(start_daemon, redis_server, n):
+    d = start_daemon(KEYS)
+    k1 = "q" * (n - 1) + "1"
+    k2 = "q" * (n - 1) + "2"
+    for k in (k1, k1):
+        check(d, "/check", "GET", {"X-Original-URI": "/qry/a?k=" + k})
+    r = check(d, "/check", "GET", {"X-Original-URI": "/qry/a?k=" + k2})
+    assert r.status_code == 200 and remaining(r) == 1, "two long query keys share a counter"
+    assert all_keys(redis_server.client()) == {rkey("qry", k1, "q", "fixed_window"),
+                                               rkey("qry", k2, "q", "fixed_window")}
+
+
+def test_long_cookie_and_json_keys_do_not_collide(start_daemon, redis_server):
+    d = start_daemon(KEYS)
+    c1, c2 = "c" * 9000 + "1", "c" * 9000 + "2"
+    assert remaining(check(d, "/check/ck/x", "GET", {"Cookie": "sid=" + c1})) == 1
+    assert remaining(check(d, "/check/ck/x", "GET", {"Cookie": "sid=" + c2})) == 1
+    j1, j2 = "j" * 50000 + "1", "j" * 50000 + "2"
+    assert vcheck(d, {"route": "hdr", "key": j1}).json()["remaining"] == 1
+    assert vcheck(d, {"route": "hdr", "key": j2}).json()["remaining"] == 1
+    assert all_keys(redis_server.client()) == {
+        rkey("ck", c1, "q", "fixed_window"), rkey("ck", c2, "q", "fixed_window"),
+        rkey("hdr", j1, "q", "fixed_window"), rkey("hdr", j2, "q", "fixed_window")}
+
+
+def test_query_key_on_bare_check_path(start_daemon, redis_server):
+    d = start_daemon(policy(route("root", "/", "query:k")))
+    r = check(d, "/check?k=v1&z=2", "GET")
+    assert r.status_code == 200 and remaining(r) == 1
+    r = check(d, "/check/?k=v1", "GET")
+    assert remaining(r) == 0
+    assert all_keys(redis_server.client()) == {rkey("root", "v1", "q", "fixed_window")}

@@ -1,0 +1,351 @@
+"""`ratelimitd -t -c FILE`: good files pass, bad files give one
+`FILE:LINE:COL: message` line per error, all at once, exit 1, never a crash
+(SPEC §2, §4)."""
+import os
+import re
+
+import pytest
+
+from helpers import validate
+
+BASE = [
+    "server:",                                                                   # 1
+    "  listen: 127.0.0.1:8080",                                                  # 2
+    "  deny_status: 429",                                                        # 3
+    "redis:",                                                                    # 4
+    "  address: 127.0.0.1:6379",                                                 # 5
+    "  timeout: 50ms",                                                           # 6
+    "failure_mode: open",                                                        # 7
+    "trusted_proxies: [127.0.0.1/32, '::1/128']",                                # 8
+    "routes:",                                                                   # 9
+    "  - name: api",                                                             # 10
+    "    match: { prefix: /api/, methods: [GET, POST] }",                        # 11
+    "    key: [header:X-Api-Key, ip]",                                           # 12
+    "    limits:",                                                               # 13
+    '      - { name: burst, algorithm: token_bucket, rate: "10/s", burst: 20 }', # 14
+    "      - { name: hourly, algorithm: fixed_window, limit: 1000, window: 1h }",# 15
+    "  - name: web",                                                             # 16
+    "    match: { regex: '^/v[0-9]+/' }",                                        # 17
+    "    key: ip",                                                               # 18
+    "    limits:",                                                               # 19
+    "      - name: w",                                                           # 20
+    "        algorithm: fixed_window",                                           # 21
+    "        limit: 10",                                                         # 22
+    "        window: 10s",                                                       # 23
+]
+
+LINE_RE = re.compile(r"^(.*):(\d+):(\d+): (.+)$")
+
+
+def write(tmp_path, lines, name="policy.yaml"):
+    p = os.path.join(str(tmp_path), name)
+    with open(p, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return p
+
+
+def variant(changes=None, insert=None, delete=()):
+    """BASE with {lineno: new text} replaced, lines inserted before a
+    lineno ({lineno: [lines]}), and linenos deleted (all 1-based, BASE numbers)."""
+    out = []
+    for i, line in enumerate(BASE, 1):
+        for extra in (insert or {}).get(i, []):
+            out.append(extra)
+        if i in delete:
+            continue
+        out.append((changes or {}).get(i, line))
+    return out
+
+
+def run_bad(path):
+    p = validate(path)
+    assert p.returncode == 1, "exit %r (negative = signal)\nstderr: %s" % (
+        p.returncode, p.stderr.decode("utf-8", "replace"))
+    err = p.stderr.decode("utf-8", "replace")
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert lines, "no error printed"
+    parsed = []
+    for l in lines:
+        m = LINE_RE.match(l)
+        assert m, "not FILE:LINE:COL: message: %r" % l
+        assert m.group(1) == path, l
+        assert int(m.group(2)) >= 1 and int(m.group(3)) >= 1, l
+        parsed.append((int(m.group(2)), int(m.group(3)), m.group(4)))
+    return parsed
+
+
+def col_of(text, token):
+    i = text.index(token)
+    return i + 1
+
+
+def test_good_base_file(tmp_path):
+    path = write(tmp_path, BASE)
+    p = validate(path)
+    assert p.returncode == 0, p.stderr.decode()
+    assert p.stdout.decode().strip() == "%s: ok" % path
+    assert p.stderr.decode().strip() == ""
+
+
+SPEC_EXAMPLE = """\
+server:
+  listen: 127.0.0.1:8080        # host:port, [v6]:port or unix:/path
+  workers: 1                    # event-loop threads (or "auto" = cores)
+  deny_status: 429
+  ietf_headers: false
+  idle_timeout: 60s
+  drain_timeout: 5s
+redis:
+  address: 127.0.0.1:6379       # host:port or unix:/path
+  database: 0
+  username: ~                   # optional ACL user
+  password_env: REDIS_PASSWORD  # the password is read from this env var, never the file
+  timeout: 50ms                 # per check deadline
+  connect_timeout: 500ms
+  key_prefix: "rl:"
+failure_mode: open              # open | closed; a route's own failure_mode overrides it
+trusted_proxies: [127.0.0.1/32, "::1/128"]   # SPEC writes ::1/128 bare: invalid YAML in a flow list
+log: { level: info, format: text, access: false }
+routes:                         # evaluated in order; the first match wins
+  - name: login
+    match: { path: /auth/login, methods: [POST] }     # exact path
+    key: ip
+    limits:
+      - { name: per-minute, algorithm: sliding_window_log, limit: 5, window: 1m }
+  - name: api
+    match: { prefix: /api/, host: api.example.com }   # or regex: '^/v[0-9]+/'
+    key: [header:X-Api-Key, ip]                       # first present wins
+    missing_key: deny         # default; deny = 403, allow = pass unlimited, no headers
+    deny_status: 429          # optional per-route override of server.deny_status
+    failure_mode: open        # optional per-route override
+    limits:
+      - { name: burst, algorithm: token_bucket, rate: "10/s", burst: 20 }
+      - { name: hourly, algorithm: fixed_window, limit: 1000, window: 1h }
+    overrides:                # per client key; an override's limits replace the route's
+      - { keys: [partner-1], limits: [ { algorithm: gcra, rate: "100/s", burst: 50 } ] }
+      - { keys: [internal-monitor], unlimited: true }
+  - name: default
+    match: { prefix: / }
+    key: ip
+    shadow: true   # evaluate, charge and report as if enforced (headers and
+                   # limits[].allowed tell the truth), but always reply 200
+    limits:
+      - { algorithm: sliding_window_counter, limit: 100, window: 1m, precision: 5s }
+"""
+
+
+def test_good_spec_example(tmp_path):
+    path = os.path.join(str(tmp_path), "spec.yaml")
+    with open(path, "w") as f:
+        f.write(SPEC_EXAMPLE)
+    p = validate(path)
+    assert p.returncode == 0, p.stderr.decode()
+    assert p.stdout.decode().strip() == "%s: ok" % path
+
+
+def test_good_forms(tmp_path):
+    lines = [
+        "server:",
+        "  listen: '[::1]:8080'",
+        "  workers: auto",
+        "redis:",
+        "  address: unix:/tmp/redis.sock",
+        "  timeout: 250ms",
+        "trusted_proxies: []",
+        "routes:",
+        "  - name: a",
+        "    match: { prefix: / }",
+        "    key: global",
+        "    limits:",
+        '      - { algorithm: token_bucket, rate: "600/m", burst: 5 }',
+        '      - { algorithm: token_bucket, rate: "5/10s", burst: 5 }',
+        '      - { algorithm: token_bucket, rate: "100/h", burst: 5 }',
+        '      - { algorithm: token_bucket, rate: "1000/d", burst: 5 }',
+        '      - { algorithm: token_bucket, rate: "1/250ms", burst: 5 }',
+        "      - { algorithm: fixed_window, limit: 1, window: 250ms }",
+        "      - { algorithm: fixed_window, limit: 1, window: 1d }",
+        "      - { algorithm: fixed_window, limit: 1, window: 10m }",
+        "  - name: b",
+        "    match: { path: /b, host: b.example.com, methods: [GET, HEAD] }",
+        "    key: [query:k, cookie:sid, header:X-K]",
+        "    missing_key: allow",
+        "    limits: [ { algorithm: fixed_window, limit: 3, window: 1s } ]",
+    ]
+    path = write(tmp_path, lines)
+    p = validate(path)
+    assert p.returncode == 0, p.stderr.decode()
+    assert p.stdout.decode().strip() == "%s: ok" % path
+
+
+def test_good_listen_unix(tmp_path):
+    path = write(tmp_path, variant({2: "  listen: unix:/tmp/ratelimitd-test.sock"}))
+    p = validate(path)
+    assert p.returncode == 0, p.stderr.decode()
+
+
+# (name, variant kwargs, expected line, acceptable columns, word in message or None)
+def _cases():
+    cases = []
+
+    def add(name, changes=None, line=None, token=None, word=None, insert=None,
+            cols=None, delete=()):
+        lines = variant(changes, insert, delete)
+        text = lines[line - 1]
+        c = set(cols or [])
+        if token is not None:
+            c.add(col_of(text, token))
+        cases.append(pytest.param(lines, line, c, word, id=name))
+
+    add("unknown_top_key", insert={9: ["colour: red"]}, line=9, token="colour", word="colour")
+    add("unknown_server_key", {2: "  listn: 127.0.0.1:8080"}, 2, "listn", "listn")
+    add("unknown_redis_key", {6: "  timeuot: 50ms"}, 6, "timeuot", "timeuot")
+    add("unknown_route_key", insert={18: ["    colour: red"]}, line=18, token="colour",
+        word="colour")
+    add("unknown_limit_key_flow",
+        {14: '      - { name: burst, algorithm: token_bucket, rate: "10/s", burst: 20, colour: 1 }'},
+        14, "colour", "colour")
+    add("unknown_limit_key_block", insert={23: ["        colour: 1"]}, line=23, token="colour",
+        word="colour")
+    add("unknown_match_key", {11: "    match: { prefix: /api/, methds: [GET] }"}, 11, "methds", "methds")
+    add("wrong_type_limit_word", {22: "        limit: many"}, 22, "many")
+    add("wrong_type_limit_list", {22: "        limit: [10]"}, 22, "[10]")
+    add("wrong_type_deny_status", {3: "  deny_status: abc"}, 3, "abc")
+    add("wrong_type_routes_scalar", {9: "routes: 5"}, 9, "5",
+        delete=range(10, 24))
+    add("wrong_type_match_scalar", {11: "    match: /api/"}, 11, "/api/")
+    add("wrong_type_server_list", {1: "server: [1, 2]"}, 1, "[1", delete=(2, 3))
+    add("wrong_type_ietf", {3: "  ietf_headers: maybe"}, 3, "maybe")
+    add("bad_duration_10x", {23: "        window: 10x"}, 23, "10x")
+    add("bad_duration_unit_only", {23: "        window: ms"}, 23, "ms")
+    add("bad_duration_negative", {23: "        window: -1s"}, 23, "-1s")
+    add("bad_duration_timeout", {6: "  timeout: 10x"}, 6, "10x")
+    add("bad_duration_number", {6: "  timeout: 50"}, 6, "50")
+    add("bad_rate_unit", {14: '      - { name: burst, algorithm: token_bucket, rate: "10/x", burst: 20 }'},
+        14, '"10/x"')
+    add("bad_rate_word", {14: '      - { name: burst, algorithm: token_bucket, rate: "ten/s", burst: 20 }'},
+        14, '"ten/s"')
+    add("bad_rate_no_slash", {14: '      - { name: burst, algorithm: token_bucket, rate: "10", burst: 20 }'},
+        14, '"10"')
+    add("bad_rate_zero", {14: '      - { name: burst, algorithm: token_bucket, rate: "0/s", burst: 20 }'},
+        14, '"0/s"')
+    add("bad_limit_negative", {22: "        limit: -5"}, 22, "-5")
+    add("bad_limit_zero", {22: "        limit: 0"}, 22, "0")
+    add("bad_algorithm", {21: "        algorithm: bogus"}, 21, "bogus")
+    add("bad_key_source", {18: "    key: bogus"}, 18, "bogus")
+    add("bad_key_source_empty_header", {18: "    key: 'header:'"}, 18, "'header:'")
+    add("bad_key_source_in_list", {12: "    key: [header:X-Api-Key, bogus, ip]"}, 12, "bogus")
+    add("bad_duration_in_flow_map",
+        {15: "      - { name: hourly, algorithm: fixed_window, limit: 1000, window: 1x }"},
+        15, "1x }")
+    add("bad_failure_mode", {7: "failure_mode: maybe"}, 7, "maybe")
+    add("bad_trusted_proxy", {8: "trusted_proxies: [127.0.0.1/32, not-a-cidr]"}, 8, "not-a-cidr")
+    add("bad_trusted_proxy_prefix", {8: "trusted_proxies: [10.0.0.0/33]"}, 8, "10.0.0.0/33")
+    add("bad_regex", {17: "    match: { regex: '^/v[0-9+/' }"}, 17, "'^/v[0-9+/'")
+    add("bad_listen_word", {2: "  listen: nowhere"}, 2, "nowhere")
+    add("bad_listen_port", {2: "  listen: 127.0.0.1:99999"}, 2, "127.0.0.1:99999")
+    add("bad_listen_no_port", {2: "  listen: '127.0.0.1:'"}, 2, "'127.0.0.1:'")
+    add("bad_redis_address", {5: "  address: 127.0.0.1:notaport"}, 5, "127.0.0.1:notaport")
+    add("duplicate_route_name", {16: "  - name: api"}, 16, "api", "api", cols=[5])
+    add("empty_limits_flow", {19: "    limits: []"}, 19, "[]", "limits", cols=[5],
+        delete=(20, 21, 22, 23))
+    add("empty_limits_null", {19: "    limits:"}, 19, None, "limits",
+        delete=(20, 21, 22, 23))
+    add("yaml_syntax_colon", {18: "    key: ip: x"}, 18, None, None, cols=[12])
+    add("yaml_syntax_tab", {18: "\tkey: ip"}, 18, None, None, cols=[1])
+    add("anchor", {14: '      - &b { name: burst, algorithm: token_bucket, rate: "10/s", burst: 20 }'},
+        14, "&b")
+    add("alias", {18: "    key: *k"}, 18, "*k")
+    return cases
+
+
+@pytest.mark.parametrize("lines,line,cols,word", _cases())
+def test_bad_file_reports_line_and_column(tmp_path, lines, line, cols, word):
+    path = write(tmp_path, lines)
+    errs = run_bad(path)
+    hits = [e for e in errs if e[0] == line and (not cols or e[1] in cols)]
+    assert hits, "want %d:%s, got %s" % (line, sorted(cols), errs)
+    if word:
+        assert any(word in e[2] for e in hits), errs
+
+
+def test_anchor_and_alias_together(tmp_path):
+    lines = variant({10: "  - name: &n api", 16: "  - name: *n"})
+    path = write(tmp_path, lines)
+    errs = run_bad(path)
+    assert any((l, c) in ((10, 11), (16, 11)) for l, c, _ in errs), errs
+
+
+def test_missing_routes(tmp_path):
+    path = write(tmp_path, BASE[:8])
+    errs = run_bad(path)
+    assert any("routes" in m for _, _, m in errs), errs
+
+
+def test_missing_required_limit_field(tmp_path):
+    path = write(tmp_path, variant(delete=(22,)))
+    errs = run_bad(path)
+    assert any(l in (20, 21, 22) and "limit" in m for l, _, m in errs), errs
+
+
+def test_three_errors_reported_at_once(tmp_path):
+    lines = variant({2: "  listen: nowhere",
+                     15: "      - { name: hourly, algorithm: fixed_window, limit: 1000, window: 1x }",
+                     16: "  - name: api"})
+    path = write(tmp_path, lines)
+    errs = run_bad(path)
+    assert len(errs) == 3, errs
+    assert [e[0] for e in errs] == [2, 15, 16]
+    assert errs[0][1] == col_of(lines[1], "nowhere")
+    assert errs[1][1] == col_of(lines[14], "1x")
+
+
+def test_errors_in_many_places(tmp_path):
+    lines = variant({3: "  deny_status: abc", 7: "failure_mode: maybe",
+                     18: "    key: bogus", 23: "        window: 10x"},
+                    insert={9: ["colour: red"]})
+    path = write(tmp_path, lines)
+    errs = run_bad(path)
+    assert len(errs) == 5, errs
+    assert [e[0] for e in errs] == [3, 7, 9, 19, 24]
+
+
+def test_nonexistent_file(tmp_path):
+    path = os.path.join(str(tmp_path), "nope.yaml")
+    p = validate(path)
+    assert p.returncode == 1
+    assert path in p.stderr.decode()
+
+
+@pytest.mark.parametrize("content", [
+    b"", b"\n\n", b"~\n", b"42\n", b"- a\n- b\n", b"routes:\n",
+    b"\x00\x01\x02\xff\xfe binary", b"\xef\xbb\xbf\xff\xfe: x\n",
+    b"[" * 100000, b"{a: " * 50000, b"- " * 50000 + b"x\n",
+    b"routes:\n" + b"  - name: r\n    match: {prefix: /}\n    key: ip\n"
+    b"    limits: [{algorithm: fixed_window, limit: 1, window: 1s}]\n" * 2,
+    b"a: b\n---\nc: d\n",
+    b"routes: !!str x\n",
+    b"'unterminated\n",
+    b"key: \"\\x\\u12\"\n",
+], ids=lambda c: repr(c[:24]))
+def test_never_crashes(tmp_path, content):
+    path = os.path.join(str(tmp_path), "bad.yaml")
+    with open(path, "wb") as f:
+        f.write(content)
+    p = validate(path)
+    assert p.returncode == 1, "exit %r\n%s" % (p.returncode, p.stderr[-2000:])
+    for l in p.stderr.decode("utf-8", "replace").splitlines():
+        if l.strip():
+            assert LINE_RE.match(l) and l.startswith(path + ":"), l
+
+
+def test_crlf_file_lines_and_columns(tmp_path):
+    lines = variant({23: "        window: 10x"})
+    path = os.path.join(str(tmp_path), "crlf.yaml")
+    with open(path, "wb") as f:
+        f.write(("\r\n".join(lines) + "\r\n").encode())
+    errs = run_bad(path)
+    assert [(l, c) for l, c, _ in errs] == [(23, 17)], errs
+    good = os.path.join(str(tmp_path), "crlf-good.yaml")
+    with open(good, "wb") as f:
+        f.write(("\r\n".join(BASE) + "\r\n").encode())
+    assert validate(good).returncode == 0

@@ -1,0 +1,531 @@
+"""Redis faults: kill, pause, restart, SCRIPT FLUSH, password, database,
+fail-open/closed and their deadlines (SPEC §3.1, §3.3, §8)."""
+import os
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+from conftest import RedisServer, wait_until
+from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
+from helpers import ArgsRedis, all_keys, check, healthy, policy, rkey, shared_daemon, vcheck
+
+TIMEOUT_S = 0.050
+SLACK_S = 0.250
+
+
+def fw(limit, name="q"):
+    return "{name: %s, algorithm: fixed_window, limit: %d, window: 1h}" % (name, limit)
+
+
+def route(name, prefix, limit=5, extra=""):
+    return ("  - name: %s\n    match: {prefix: %s}\n    key: ip\n%s    limits: [%s]\n"
+            % (name, prefix, extra, fw(limit)))
+
+
+SIMPLE = policy(route("r", "/"))
+
+
+def timed_check(d, path="/check/x", headers=None):
+    t0 = time.monotonic()
+    r = check(d, path, "GET", headers, timeout=5)
+    return r, time.monotonic() - t0
+
+
+def assert_fail_open(d, n=5, path="/check/x", quota=5):
+    for _ in range(n):
+        r, dt = timed_check(d, path)
+        assert r.status_code == 200, r.text
+        assert r.headers.get("X-RateLimit-Remaining") == "-1"
+        assert r.headers.get("X-RateLimit-Limit") == str(quota)
+        assert "Retry-After" not in r.headers
+        assert dt < TIMEOUT_S + SLACK_S, "fail-open reply took %.3fs" % dt
+
+
+def limited_again(d, path="/check/x"):
+    """Redis answers again: a real verdict (checks that timed out while Redis
+    was paused still run once it resumes, so this may be a denial)."""
+    r = check(d, path, timeout=5)
+    return r.status_code in (200, 429) and int(r.headers["X-RateLimit-Remaining"]) >= 0
+
+
+# ---------------------------------------------------------------- operations
+
+def test_healthz_readyz(start_daemon, redis_server, tmp_path):
+    d = start_daemon(SIMPLE)
+    r = requests.get(d.url("/healthz"), timeout=2)
+    assert r.status_code == 200 and r.text.strip() == "ok"
+    r = requests.get(d.url("/readyz"), timeout=2)
+    assert r.status_code == 200
+    assert r.json() == {"ready": True, "policy": True, "redis": "up"}
+    redis_server.kill()
+    assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=2).status_code == 503,
+                      timeout=2)
+    v = requests.get(d.url("/readyz"), timeout=2).json()
+    assert v["ready"] is False and v["policy"] is True
+    assert v["redis"] in ("down", "connecting")
+    assert healthy(d)
+    back = RedisServer(tmp_path, port=redis_server.port).start()
+    try:
+        assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=2).status_code == 200,
+                          timeout=3), d.log()
+        assert requests.get(d.url("/readyz"), timeout=2).json()["redis"] == "up"
+    finally:
+        back.stop()
+
+
+@pytest.fixture(scope="module")
+def ops_shared(tmp_path_factory):
+    yield from shared_daemon(tmp_path_factory, SIMPLE)
+
+
+@pytest.mark.parametrize("path", ["/", "/nope", "/checkx", "/check-x", "/v1", "/v1/nope",
+                                  "/v1/checks", "/healthzz", "/metricsx", "/readyz/x"])
+def test_unknown_paths_404(ops_shared, path):
+    d = ops_shared[0]
+    assert requests.get(d.url(path), timeout=2).status_code == 404
+
+
+def test_policy_endpoint(start_daemon):
+    d = start_daemon(SIMPLE)
+    r = requests.get(d.url("/v1/policy"), timeout=2)
+    assert r.status_code == 200
+    v = r.json()
+    assert [rt["name"] for rt in v["routes"]] == ["r"]
+
+
+# ---------------------------------------------------------------- fail open / closed
+
+def test_redis_killed_fails_open_fast(start_daemon, redis_server):
+    d = start_daemon(SIMPLE)
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+    redis_server.kill()
+    assert_fail_open(d, n=10)
+    r = vcheck(d, {"route": "r", "key": "1.2.3.4"})
+    assert r.status_code == 200
+    v = r.json()
+    assert v["allowed"] is True and v["degraded"] is True
+    assert r.headers["X-RateLimit-Remaining"] == "-1"
+    assert healthy(d)
+
+
+def test_redis_killed_fails_closed(start_daemon, redis_server):
+    d = start_daemon(SIMPLE.replace("routes:\n", "failure_mode: closed\nroutes:\n"))
+    assert check(d, "/check/x").status_code == 200
+    redis_server.kill()
+    for _ in range(5):
+        r, dt = timed_check(d)
+        assert r.status_code == 503
+        assert r.headers.get("X-RateLimit-Remaining") == "-1"
+        assert r.headers.get("X-RateLimit-Limit") == "5"
+        assert dt < TIMEOUT_S + SLACK_S
+    r = vcheck(d, {"route": "r", "key": "k"})
+    assert r.status_code == 503
+    assert r.json()["degraded"] is True and r.json()["allowed"] is False
+
+
+def test_failure_mode_route_override(start_daemon, redis_server):
+    d = start_daemon(policy(
+        route("inh", "/inh/") + route("opn", "/opn/", extra="    failure_mode: open\n"),
+        top="failure_mode: closed\n"))
+    d2 = start_daemon(policy(
+        route("inh", "/inh/") + route("cls", "/cls/", extra="    failure_mode: closed\n")))
+    redis_server.kill()
+    assert check(d, "/check/inh/x").status_code == 503
+    r = check(d, "/check/opn/x")
+    assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "-1"
+    r = check(d2, "/check/inh/x")
+    assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "-1"
+    r = check(d2, "/check/cls/x")
+    assert r.status_code == 503 and r.headers["X-RateLimit-Remaining"] == "-1"
+
+
+def test_redis_paused_replies_within_deadline(start_daemon, redis_server):
+    d = start_daemon(SIMPLE)
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+    redis_server.pause()
+    try:
+        assert_fail_open(d, n=8)
+        t0 = time.monotonic()
+        assert healthy(d)
+        assert time.monotonic() - t0 < 0.5
+        r = vcheck(d, {"route": "r", "key": "k"})
+        assert r.status_code == 200 and r.json()["degraded"] is True
+    finally:
+        redis_server.resume()
+    assert wait_until(lambda: limited_again(d), timeout=3), d.log()
+    # limiting works again: a denial comes within the quota
+    statuses = [check(d, "/check/x").status_code for _ in range(6)]
+    assert 429 in statuses
+
+
+def test_paused_redis_under_concurrency_and_client_aborts(start_daemon, redis_server):
+    d = start_daemon(SIMPLE)
+    redis_server.pause()
+    times = []
+    errors = []
+
+    def one():
+        try:
+            r, dt = timed_check(d)
+            if r.status_code != 200 or r.headers.get("X-RateLimit-Remaining") != "-1":
+                errors.append((r.status_code, dict(r.headers)))
+            times.append(dt)
+        except Exception as e:   # noqa: BLE001
+            errors.append(repr(e))
+    try:
+        threads = [threading.Thread(target=one) for _ in range(30)]
+        for t in threads:
+            t.start()
+        # clients that go away while their check waits on Redis
+        for _ in range(20):
+            s = socket.create_connection(("127.0.0.1", d.port))
+            s.sendall(b"GET /check/x HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.close()
+        for t in threads:
+            t.join(10)
+    finally:
+        redis_server.resume()
+    assert not errors, errors[:3]
+    assert len(times) == 30
+    # generous: 30 concurrent Python clients on 2 cores
+    assert max(times) < TIMEOUT_S + 4 * SLACK_S, max(times)
+    assert wait_until(lambda: limited_again(d), timeout=3)
+    assert healthy(d)
+
+
+def test_redis_killed_while_paused(start_daemon, redis_server):
+    d = start_daemon(SIMPLE)
+    redis_server.pause()
+    r, dt = timed_check(d)
+    assert r.status_code == 200 and dt < TIMEOUT_S + SLACK_S
+    redis_server.kill()
+    assert_fail_open(d, n=3)
+    assert healthy(d)
+
+
+def test_redis_restarted_same_port(start_daemon, redis_server, tmp_path):
+    d = start_daemon(SIMPLE)
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+    redis_server.kill()
+    assert_fail_open(d, n=3)
+    back = RedisServer(tmp_path, port=redis_server.port).start()
+    try:
+        assert wait_until(lambda: limited_again(d), timeout=3), d.log()
+        statuses = [check(d, "/check/x").status_code for _ in range(6)]
+        assert 429 in statuses
+        assert rkey("r", "127.0.0.1", "q", "fixed_window") in all_keys(back.client())
+    finally:
+        back.stop()
+
+
+def test_redis_down_at_start(start_daemon, redis_server, tmp_path):
+    redis_server.kill()
+    d = start_daemon(SIMPLE, wait_ready=False)
+    assert requests.get(d.url("/readyz"), timeout=2).status_code == 503
+    assert_fail_open(d, n=3)
+    back = RedisServer(tmp_path, port=redis_server.port).start()
+    try:
+        assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=2).status_code == 200,
+                          timeout=3), d.log()
+        assert wait_until(lambda: limited_again(d), timeout=3)
+    finally:
+        back.stop()
+
+
+def test_script_flush_counts_continue(start_daemon, redis_server):
+    d = start_daemon(SIMPLE)
+    rc = redis_server.client()
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "3"
+    rc.script_flush()
+    r = check(d, "/check/x")
+    assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "2"
+    rc.script_flush()
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "1"
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "0"
+    rc.script_flush()
+    r = check(d, "/check/x")
+    assert r.status_code == 429 and r.headers["X-RateLimit-Remaining"] == "0"
+
+
+# ---------------------------------------------------------------- auth and db
+
+PASSWORD = "s3cr3t-Pa55-xyzzy-7781"
+
+
+def test_password_env(start_daemon, tmp_path):
+    rs = ArgsRedis(tmp_path, extra=["--requirepass", PASSWORD], password=PASSWORD).start()
+    try:
+        d = start_daemon(policy(route("r", "/"), redis="  password_env: RL_TEST_PW\n",
+                                top="log: {level: debug, format: text, access: true}\n"),
+                         redis_port=rs.port, env={"RL_TEST_PW": PASSWORD})
+        assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+        assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "3"
+        assert rkey("r", "127.0.0.1", "q", "fixed_window") in all_keys(rs.client())
+        pol = requests.get(d.url("/v1/policy"), timeout=2)
+        assert pol.status_code == 200
+        assert PASSWORD not in pol.text
+        for path in ("/metrics", "/readyz"):
+            assert PASSWORD not in requests.get(d.url(path), timeout=2).text
+        time.sleep(0.2)
+        assert PASSWORD not in d.log()
+    finally:
+        rs.stop()
+
+
+def test_password_default_env_name(start_daemon, tmp_path):
+    rs = ArgsRedis(tmp_path, extra=["--requirepass", PASSWORD], password=PASSWORD).start()
+    try:
+        d = start_daemon(SIMPLE, redis_port=rs.port, env={"REDIS_PASSWORD": PASSWORD})
+        assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+    finally:
+        rs.stop()
+
+
+def test_wrong_password_fails_open_and_is_not_logged(start_daemon, tmp_path):
+    rs = ArgsRedis(tmp_path, extra=["--requirepass", PASSWORD], password=PASSWORD).start()
+    wrong = "WrongPassword-99128"
+    try:
+        d = start_daemon(policy(route("r", "/"), redis="  password_env: RL_TEST_PW\n",
+                                top="log: {level: debug, format: text, access: true}\n"),
+                         redis_port=rs.port, env={"RL_TEST_PW": wrong}, wait_ready=False)
+        time.sleep(0.3)
+        assert requests.get(d.url("/readyz"), timeout=2).status_code == 503
+        assert_fail_open(d, n=3)
+        assert all_keys(rs.client()) == set()
+        time.sleep(0.2)
+        assert wrong not in d.log()
+    finally:
+        rs.stop()
+
+
+def test_database_selected(start_daemon, redis_server):
+    d = start_daemon(policy(route("r", "/"), redis="  database: 3\n"))
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+    assert all_keys(redis_server.client()) == set()
+    import redis as redislib
+    db3 = redislib.Redis(host="127.0.0.1", port=redis_server.port, db=3)
+    assert all_keys(db3) == {rkey("r", "127.0.0.1", "q", "fixed_window")}
+
+
+# ---------------------------------------------------------------- more faults
+
+def test_redis_error_reply_fails_open_for_that_client_only(start_daemon, redis_server):
+    d = start_daemon(SIMPLE)
+    rc = redis_server.client()
+    bad = rkey("r", "203.0.113.66", "q", "fixed_window")
+    rc.rpush(bad, "not", "a", "hash")     # WRONGTYPE inside the script
+    for _ in range(3):
+        r, dt = timed_check(d, headers={"X-Forwarded-For": "203.0.113.66"})
+        assert r.status_code == 200
+        assert r.headers["X-RateLimit-Remaining"] == "-1"
+        assert dt < TIMEOUT_S + SLACK_S
+    assert rc.type(bad) == b"list" and rc.llen(bad) == 3
+    # other clients are unaffected, and Redis stays usable
+    r = check(d, "/check/x", "GET", {"X-Forwarded-For": "203.0.113.67"})
+    assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "4"
+    assert requests.get(d.url("/readyz"), timeout=2).status_code == 200
+
+
+def test_redis_error_reply_fails_closed(start_daemon, redis_server):
+    d = start_daemon(SIMPLE.replace("routes:\n", "failure_mode: closed\nroutes:\n"))
+    redis_server.client().set(rkey("r", "127.0.0.1", "q", "fixed_window"), "x")
+    r = check(d, "/check/x")
+    assert r.status_code == 503 and r.headers["X-RateLimit-Remaining"] == "-1"
+
+
+@pytest.mark.parametrize("timeout_ms", [20, 200])
+def test_deadline_follows_policy_timeout(start_daemon, redis_server, timeout_ms):
+    d = start_daemon(policy(route("r", "/"), timeout="%dms" % timeout_ms))
+    assert check(d, "/check/x").status_code == 200
+    redis_server.pause()
+    try:
+        for _ in range(3):
+            r, dt = timed_check(d)
+            assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "-1"
+            assert dt < timeout_ms / 1000.0 + SLACK_S, dt
+    finally:
+        redis_server.resume()
+
+
+def test_redis_unix_socket(start_daemon, tmp_path):
+    sock = os.path.join(str(tmp_path), "redis.sock")
+    rs = ArgsRedis(tmp_path, extra=["--unixsocket", sock, "--unixsocketperm", "700"]).start()
+    try:
+        pol = policy(route("r", "/")).replace("127.0.0.1:{redis_port}", "unix:" + sock)
+        d = start_daemon(pol, redis_port=rs.port, wait_ready=False)
+        assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=2).status_code == 200,
+                          timeout=3), d.log()
+        assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+        assert rkey("r", "127.0.0.1", "q", "fixed_window") in all_keys(rs.client())
+    finally:
+        rs.stop()
+
+
+def test_redis_acl_username(start_daemon, tmp_path):
+    rs = ArgsRedis(tmp_path, extra=["--requirepass", PASSWORD], password=PASSWORD).start()
+    try:
+        rs.client().execute_command("ACL", "SETUSER", "rluser", "on", ">user-pw-5521",
+                                    "~*", "+@all")
+        d = start_daemon(policy(route("r", "/"),
+                                redis="  username: rluser\n  password_env: RL_USER_PW\n"),
+                         redis_port=rs.port, env={"RL_USER_PW": "user-pw-5521"})
+        assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+        clients = rs.client().execute_command("CLIENT", "LIST").decode()
+        assert "user=rluser" in clients
+        assert "user-pw-5521" not in requests.get(d.url("/v1/policy"), timeout=2).text
+    finally:
+        rs.stop()
+
+
+def test_reply_for_client_that_went_away(start_daemon, redis_server):
+    """Redis answers (within the deadline) checks whose clients have closed
+    or reset their connections: the daemon must not touch freed requests."""
+    d = start_daemon(policy(route("r", "/", limit=1000), timeout="2s"))
+    redis_server.pause()
+    try:
+        for i in range(40):
+            s = socket.create_connection(("127.0.0.1", d.port))
+            if i % 2:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                             b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            body = b'{"route":"r","key":"gone-away"}'
+            s.sendall(b"GET /check/x HTTP/1.1\r\nHost: x\r\n\r\n"
+                      if i % 3 else
+                      b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                      % (len(body), body))
+            time.sleep(0.005)
+            s.close()
+        time.sleep(0.3)
+    finally:
+        redis_server.resume()
+    time.sleep(0.3)
+    assert d.alive(), d.log()
+    assert healthy(d)
+    r = check(d, "/check/x")
+    assert r.status_code == 200 and int(r.headers["X-RateLimit-Remaining"]) >= 0
+
+
+def test_no_connect_attempt_per_request_while_redis_hangs(start_daemon, redis_server, tmp_path):
+    """SPEC §8: while Redis is unusable, checks fail fast without a connect
+    attempt each. A stopped redis-server still completes TCP handshakes
+    (the kernel's accept queue), and counts them once it resumes."""
+    d = start_daemon(SIMPLE)
+    redis_server.kill()
+    assert_fail_open(d, n=20)
+    hung = RedisServer(tmp_path, port=redis_server.port).start()
+    try:
+        c = hung.client()
+        before = c.info("stats")["total_connections_received"]
+        hung.pause()
+        try:
+            t_end = time.monotonic() + 1.0
+            n = 0
+            while time.monotonic() < t_end:
+                r, dt = timed_check(d)
+                assert r.status_code == 200 and dt < TIMEOUT_S + SLACK_S
+                n += 1
+        finally:
+            hung.resume()
+        assert n >= 10
+        time.sleep(0.2)
+        after = hung.client().info("stats")["total_connections_received"]
+        # our own two clients, plus a few (backed-off) daemon attempts
+        assert after - before <= 2 + 8, (after - before, n)
+    finally:
+        hung.stop()
+
+
+def test_redis_killed_under_load(start_daemon, redis_server):
+    d = start_daemon(policy(route("r", "/", limit=100000)))
+    results, errors = [], []
+    stop = time.monotonic() + 1.5
+
+    def worker():
+        s = requests.Session()
+        while time.monotonic() < stop:
+            try:
+                t0 = time.monotonic()
+                r = s.get(d.url("/check/x"), timeout=5)
+                results.append((r.status_code, r.headers.get("X-RateLimit-Remaining"),
+                                time.monotonic() - t0))
+            except Exception as e:   # noqa: BLE001
+                errors.append(repr(e))
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    redis_server.kill()
+    for t in threads:
+        t.join(10)
+    assert not errors, errors[:3]
+    assert {s for s, _, _ in results} == {200}
+    assert any(rem == "-1" for _, rem, _ in results)
+    assert any(rem not in (None, "-1") for _, rem, _ in results)
+    # 8 concurrent Python clients on 2 cores: generous
+    assert max(dt for _, _, dt in results) < TIMEOUT_S + 4 * SLACK_S
+    assert healthy(d)
+
+
+def test_connection_killed_by_redis_reconnects(start_daemon, redis_server):
+    d = start_daemon(SIMPLE)
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+    c = redis_server.client()
+    killed = c.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    assert killed >= 1
+    assert wait_until(lambda: limited_again(d), timeout=3), d.log()
+    r = check(d, "/check/x")
+    assert r.headers["X-RateLimit-Remaining"] in ("3", "2", "1", "0")
+
+
+def test_slow_redis_within_deadline_is_not_degraded(start_daemon, redis_server):
+    d = start_daemon(policy(route("r", "/"), timeout="1s"))
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+    busy = ("local s = redis.call('TIME') local t0 = s[1] * 1e6 + s[2] "
+            "while true do local t = redis.call('TIME') "
+            "if t[1] * 1e6 + t[2] - t0 > 300000 then break end end return 1")
+    c = redis_server.client()
+    c.ping()
+    sleeper = threading.Thread(target=lambda: c.eval(busy, 0))   # Redis busy 0.3 s
+    sleeper.start()
+    time.sleep(0.05)
+    r, dt = timed_check(d)
+    sleeper.join()
+    assert r.status_code == 200
+    assert r.headers["X-RateLimit-Remaining"] == "3", "answered degraded before the deadline"
+    assert 0.1 < dt < 1.0 + SLACK_S, dt
+
+
+def test_redis_flapping(start_daemon, redis_server, tmp_path):
+    d = start_daemon(SIMPLE)
+    port = redis_server.port
+    redis_server.kill()
+    for _ in range(4):
+        back = RedisServer(tmp_path, port=port).start()
+        assert wait_until(lambda: limited_again(d), timeout=3), d.log()
+        back.kill()
+        assert_fail_open(d, n=2)
+    assert healthy(d)
+
+
+def test_many_checks_held_by_a_paused_redis(start_daemon, redis_server):
+    """Thousands of checks time out while Redis is stopped; each is answered
+    at its deadline, and their late replies are dropped once Redis resumes."""
+    from helpers import hammer
+    d = start_daemon(policy(route("r", "/", limit=10 ** 9)))
+    redis_server.pause()
+    try:
+        t0 = time.monotonic()
+        res = hammer([(d.url("/check/x"), {"X-Forwarded-For": "198.51.100.%d" % (i % 200)})
+                      for i in range(2000)], workers=100)
+        took = time.monotonic() - t0
+    finally:
+        redis_server.resume()
+    assert {s for s, _ in res} == {200}
+    assert {rem for _, rem in res} == {"-1"}
+    assert took < 30, took
+    assert wait_until(lambda: limited_again(d), timeout=3), d.log()
+    assert healthy(d)

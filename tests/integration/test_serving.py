@@ -1,0 +1,106 @@
+"""Serving: listening on a unix socket, several workers counting exactly,
+header names in the JSON describe form (SPEC §3.2, §4). Overrides, shadow
+routes and the IETF fields are in test_policy_features.py."""
+import os
+import socket
+import subprocess
+
+from conftest import wait_until
+from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
+from helpers import BIN, hammer, policy, vcheck
+
+
+def test_listen_unix_socket(tmp_path, redis_server):
+    sock = os.path.join(str(tmp_path), "rl.sock")
+    path = os.path.join(str(tmp_path), "unix.yaml")
+    text = policy("  - name: u\n    match: {prefix: /}\n    key: global\n"
+                  "    limits: [{name: w, algorithm: fixed_window, limit: 2, window: 1h}]\n")
+    text = text.replace("127.0.0.1:{port}", "unix:" + sock)
+    with open(path, "w") as f:
+        f.write(text.format(redis_port=redis_server.port))
+    log = open(os.path.join(str(tmp_path), "unix.log"), "wb")
+    proc = subprocess.Popen([BIN, "-c", path], stdout=log, stderr=log)
+    try:
+        assert wait_until(lambda: os.path.exists(sock), timeout=5)
+
+        def ask(req):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(3)
+            s.connect(sock)
+            s.sendall(req)
+            out = b""
+            while True:
+                b = s.recv(65536)
+                if not b:
+                    break
+                out += b
+            s.close()
+            return out
+        assert wait_until(lambda: b" 200 " in ask(b"GET /readyz HTTP/1.0\r\n\r\n"), timeout=5)
+        out = ask(b"GET /check/x HTTP/1.0\r\n\r\n")
+        assert out.startswith(b"HTTP/1.") and b" 200 " in out.split(b"\r\n")[0]
+        assert b"X-RateLimit-Remaining: 1" in out
+        ask(b"GET /check/x HTTP/1.0\r\n\r\n")
+        out = ask(b"GET /check/x HTTP/1.0\r\n\r\n")
+        assert b" 429 " in out.split(b"\r\n")[0]
+    finally:
+        proc.terminate()
+        rc = proc.wait(10)
+        log.close()
+    with open(os.path.join(str(tmp_path), "unix.log"), "rb") as f:
+        text = f.read().decode("utf-8", "replace")
+    assert rc == 0, "exit %d after SIGTERM; log:\n%s" % (rc, text)
+
+
+def test_two_workers_count_exactly(start_daemon):
+    d = start_daemon(policy(
+        "  - name: c\n    match: {prefix: /}\n    key: header:K\n"
+        "    limits: [{name: q, algorithm: fixed_window, limit: 50, window: 1h}]\n",
+        server="  workers: 2\n", timeout="2s"))
+    res = hammer([(d.url("/check/x"), {"K": "w2"})] * 200, workers=100)
+    statuses = [s for s, _ in res]
+    assert statuses.count(200) == 50 and statuses.count(429) == 150, statuses
+    assert sorted(int(rem) for s, rem in res if s == 200) == list(range(50))
+
+
+def test_describe_form_header_names_case_insensitive(start_daemon):
+    d = start_daemon(policy(
+        "  - name: h\n    match: {prefix: /}\n    key: header:X-Api-Key\n"
+        "    limits: [{name: q, algorithm: fixed_window, limit: 5, window: 1h}]\n"))
+    v = vcheck(d, {"method": "GET", "path": "/x", "headers": {"x-api-key": "lower"}}).json()
+    assert v["key"] == "lower" and v["remaining"] == 4
+    v = vcheck(d, {"method": "GET", "path": "/x", "headers": {"X-API-KEY": "lower"}}).json()
+    assert v["remaining"] == 3
+
+
+
+def test_listen_ipv6_loopback_peer_is_trusted(tmp_path, redis_server):
+    """Listening on [::1]: the peer ::1 is in the default trusted_proxies
+    (::1/128), so its X-Forwarded-For names the client."""
+    import requests
+    from conftest import free_port
+    from helpers import all_keys, rkey
+    port = free_port()
+    path = os.path.join(str(tmp_path), "v6.yaml")
+    text = policy("  - name: six\n    match: {prefix: /}\n    key: ip\n"
+                  "    limits: [{name: w, algorithm: fixed_window, limit: 2, window: 1h}]\n")
+    text = text.replace("127.0.0.1:{port}", "'[::1]:%d'" % port)
+    with open(path, "w") as f:
+        f.write(text.format(redis_port=redis_server.port))
+    log = open(os.path.join(str(tmp_path), "v6.log"), "wb")
+    proc = subprocess.Popen([BIN, "-c", path], stdout=log, stderr=log)
+    url = "http://[::1]:%d" % port
+    try:
+        assert wait_until(lambda: requests.get(url + "/readyz", timeout=1).ok, timeout=5)
+        r = requests.get(url + "/check/x", headers={"X-Forwarded-For": "2001:db8::7"}, timeout=3)
+        assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "1"
+        r = requests.get(url + "/check/x", timeout=3)
+        assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "1"
+        assert all_keys(redis_server.client()) == {
+            rkey("six", "2001:db8::7", "w", "fixed_window"),
+            rkey("six", "::1", "w", "fixed_window")}
+    finally:
+        proc.terminate()
+        rc = proc.wait(10)
+        log.close()
+    assert rc == 0
