@@ -398,6 +398,11 @@ test_client_ip(void)
 	CHECK_STR(ip, "2001:db8::1");
 	policy_client_ip(c, "::ffff:127.0.0.1", "203.0.113.5", NULL, ip, sizeof(ip));
 	CHECK_STR(ip, "203.0.113.5");
+	/* a unix-socket peer is local: its forwarding headers are believed */
+	CHECK(policy_client_ip(c, NULL, "203.0.113.9", NULL, ip, sizeof(ip)) == 0);
+	CHECK_STR(ip, "203.0.113.9");
+	CHECK(policy_client_ip(c, NULL, NULL, NULL, ip, sizeof(ip)) == -1);
+	CHECK_STR(ip, "unix");
 	CHECK(policy_canonical_ip("[::1]", 5, ip, sizeof(ip)) == 0);
 	CHECK_STR(ip, "::1");
 	CHECK(policy_canonical_ip("1.2.3", 5, ip, sizeof(ip)) == -1);
