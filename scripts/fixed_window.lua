@@ -2,7 +2,7 @@
 -- One counter per aligned window floor(now / window), kept in a hash with the
 -- window's start so a stale counter reads as zero without a second key. Like
 -- every fixed window it admits up to 2x limit across a boundary.
-ALGORITHMS.fixed_window = {
+if USED.fixed_window then ALGORITHMS.fixed_window = {
   check = function(key, now, cost, limit, window)
     local start = math.floor(now / window) * window
     local state = redis.call('HMGET', key, 's', 'n')
@@ -30,4 +30,4 @@ ALGORITHMS.fixed_window = {
     redis.call('HSET', key, 's', fmt_int(r.start), 'n', fmt_int(r.count + cost))
     expire_in_us(key, r.start + window - now)
   end,
-}
+} end

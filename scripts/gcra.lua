@@ -7,7 +7,7 @@
 -- exactly `burst` requests at once, where redis-cell's max_burst = B admits
 -- B + 1. TAT is stored exactly (see rat_encode) and computed in integer
 -- units of 1/den us, T being `per` such units.
-ALGORITHMS.gcra = {
+if USED.gcra then ALGORITHMS.gcra = {
   check = function(key, now, cost, burst, n, period)
     local g = gcd(n, period)
     local per, den = period / g, n / g
@@ -44,4 +44,4 @@ ALGORITHMS.gcra = {
     redis.call('SET', key, rat_encode(now, r.tat_after, r.den),
                'PX', fmt_int(math.max(1, us_to_ms_ceil(r.reset_after))))
   end,
-}
+} end

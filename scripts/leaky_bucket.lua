@@ -10,7 +10,7 @@
 -- exactly (see rat_encode); the queue length at `now` is
 -- (empty_at - now) * rate. Time is computed in integer units of 1/den us,
 -- where one request drains in `per` units.
-ALGORITHMS.leaky_bucket = {
+if USED.leaky_bucket then ALGORITHMS.leaky_bucket = {
   check = function(key, now, cost, burst, n, period)
     local g = gcd(n, period)
     local per, den = period / g, n / g
@@ -47,4 +47,4 @@ ALGORITHMS.leaky_bucket = {
     redis.call('SET', key, rat_encode(now, r.empty_at, r.den),
                'PX', fmt_int(math.max(1, us_to_ms_ceil(r.reset_after))))
   end,
-}
+} end

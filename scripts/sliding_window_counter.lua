@@ -14,7 +14,7 @@
 -- All arithmetic is on integers scaled by P, hence exact.
 local SWC_HDEL_BATCH = 1000
 
-ALGORITHMS.sliding_window_counter = {
+if USED.sliding_window_counter then ALGORITHMS.sliding_window_counter = {
   check = function(key, now, cost, limit, window, precision)
     local P, W = precision, window
     local h = redis.call('HGETALL', key)
@@ -92,4 +92,4 @@ ALGORITHMS.sliding_window_counter = {
     redis.call('HINCRBY', key, fmt_int(r.bucket), fmt_int(cost))
     expire_in_us(key, r.reset_after)
   end,
-}
+} end

@@ -7,7 +7,7 @@
 -- requests at the same microsecond stay distinct.
 local SWL_ZADD_BATCH = 1000   -- members per ZADD (Lua's unpack has a limit)
 
-ALGORITHMS.sliding_window_log = {
+if USED.sliding_window_log then ALGORITHMS.sliding_window_log = {
   check = function(key, now, cost, limit, window)
     -- Housekeeping, not a charge: entries at or before now - window are out.
     redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt_int(now - window))
@@ -59,4 +59,4 @@ ALGORITHMS.sliding_window_log = {
     end
     expire_in_us(key, r.reset_after)
   end,
-}
+} end

@@ -8,7 +8,7 @@
 -- units of 1/per token, of which `den` refill per microsecond: with a
 -- fractional rate such as 5/10s, floating point drifts off the exact count
 -- (2.9999999 tokens reported as 2 left).
-ALGORITHMS.token_bucket = {
+if USED.token_bucket then ALGORITHMS.token_bucket = {
   check = function(key, now, cost, burst, n, period)
     local g = gcd(n, period)
     local per, den = period / g, n / g
@@ -51,4 +51,4 @@ ALGORITHMS.token_bucket = {
     redis.call('HSET', key, 'd', rat_encode(0, r.missing, r.per), 'ts', fmt_int(now))
     expire_in_us(key, r.reset_after)
   end,
-}
+} end
