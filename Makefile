@@ -34,7 +34,8 @@ UNITSRCS = $(wildcard tests/unit/*.c)
 
 PYTHON	 = /usr/bin/python3
 DEBS_BUILD = build-essential pkg-config libevent-dev libhiredis-dev libjansson-dev libyaml-dev
-DEBS_TEST  = redis-server redis-tools python3-pytest python3-redis python3-requests nginx-light clang
+DEBS_RUN   = redis-server redis-tools
+DEBS_TEST  = python3-pytest python3-redis python3-requests nginx-light clang wrk
 
 .PHONY: all clean test unit integration asan run bench deps deps-test
 
@@ -89,9 +90,9 @@ asan:
 
 # Installs the build and test packages when one is missing (Debian).
 deps:
-	@sh scripts/deps.sh $(DEBS_BUILD)
+	@sh scripts/deps.sh $(DEBS_BUILD) $(DEBS_RUN)
 deps-test:
-	@sh scripts/deps.sh $(DEBS_BUILD) $(DEBS_TEST)
+	@sh scripts/deps.sh $(DEBS_BUILD) $(DEBS_RUN) $(DEBS_TEST)
 
 test: deps-test
 	$(MAKE) all

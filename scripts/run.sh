@@ -14,8 +14,10 @@ unix:*) ;;
 *)
 	if ! redis-cli -h "$host" -p "$port" ping >/dev/null 2>&1; then
 		echo "run: no Redis on $addr; starting redis-server on port $port (data not saved)"
-		redis-server --bind "$host" --port "$port" --save '' --appendonly no \
-			--logfile "" >/dev/null &
+		# Its own session, so Ctrl-C reaches only the daemon, which drains
+		# while Redis is still there; the EXIT trap stops Redis after.
+		setsid redis-server --bind "$host" --port "$port" --save '' \
+			--appendonly no --logfile "" >/dev/null &
 		redis_pid=$!
 		i=0
 		until redis-cli -h "$host" -p "$port" ping >/dev/null 2>&1; do
