@@ -37,7 +37,7 @@ DEBS_BUILD = build-essential pkg-config libevent-dev libhiredis-dev libjansson-d
 DEBS_RUN   = redis-server redis-tools
 DEBS_TEST  = python3-pytest python3-redis python3-requests nginx-light clang wrk
 
-.PHONY: all clean test unit integration asan run bench deps deps-test
+.PHONY: all clean test unit integration asan run bench deps deps-test fuzz
 
 all: $(BUILD)/ratelimitd build/limits.lua
 
@@ -99,6 +99,7 @@ test: deps-test
 	$(MAKE) unit
 	$(MAKE) integration
 	$(MAKE) asan
+	$(MAKE) fuzz FUZZ_SECONDS=20
 
 run: deps
 	$(MAKE) all
@@ -106,6 +107,20 @@ run: deps
 
 bench: deps-test
 	bash scripts/bench.sh
+
+# Fuzzes the policy loader (config.c and what it uses) with libFuzzer,
+# ASan and UBSan, for FUZZ_SECONDS (default 60).
+FUZZ_SECONDS ?= 60
+FUZZ_OBJS = build/asan/obj/config.o build/asan/obj/log.o build/asan/obj/xmalloc.o
+build/fuzz_policy: tests/fuzz/fuzz_policy.c src/config.c src/log.c src/xmalloc.c $(wildcard src/*.h) | build
+	$(MAKE) SANITIZE=address,undefined CC=clang $(FUZZ_OBJS)
+	clang $(CFLAGS) -fsanitize=fuzzer,address,undefined -Isrc -o $@ \
+	    tests/fuzz/fuzz_policy.c $(FUZZ_OBJS) $(LDLIBS)
+
+fuzz: build/fuzz_policy
+	mkdir -p build/fuzz-corpus
+	build/fuzz_policy -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	    build/fuzz-corpus tests/fuzz/corpus
 
 clean:
 	rm -rf build
