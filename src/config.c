@@ -832,8 +832,11 @@ on_limit_name(struct loader *ld, const struct node *nd, const char *key, void *t
 	if (get_string(ld, nd, key, &d->l.name) == -1)
 		return -1;
 	if (!valid_name(d->l.name)) {
+		char esc[NAME_MAX_LEN * 4 + 8];
+
+		log_escape(esc, sizeof(esc), d->l.name, strlen(d->l.name));
 		node_error(ld, nd, "%s: \"%s\" must be 1-%d characters of "
-		    "A-Z a-z 0-9 _ - .", key, d->l.name, NAME_MAX_LEN);
+		    "A-Z a-z 0-9 _ - .", key, esc, NAME_MAX_LEN);
 		return -1;
 	}
 	return 0;
@@ -1085,8 +1088,11 @@ on_route_name(struct loader *ld, const struct node *nd, const char *key, void *t
 	if (get_string(ld, nd, key, &d->r.name) == -1)
 		return -1;
 	if (!valid_name(d->r.name)) {
+		char esc[NAME_MAX_LEN * 4 + 8];
+
+		log_escape(esc, sizeof(esc), d->r.name, strlen(d->r.name));
 		node_error(ld, nd, "%s: \"%s\" must be 1-%d characters of "
-		    "A-Z a-z 0-9 _ - .", key, d->r.name, NAME_MAX_LEN);
+		    "A-Z a-z 0-9 _ - .", key, esc, NAME_MAX_LEN);
 		return -1;
 	}
 	return 0;

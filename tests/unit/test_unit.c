@@ -263,6 +263,12 @@ test_config_errors(void)
 	    "    limits: [ { algorithm: fixed_window, limit: 0, window: 1s } ]\n", &e) == 2);
 	config_errors_free(&e);
 
+	/* an invalid name is quoted with its own quotes and backslashes escaped */
+	CHECK(load_errors("routes:\n  - name: 'a\"b\\c'\n"
+	    "    limits: [ { algorithm: fixed_window, limit: 1, window: 1s } ]\n", &e) == 1);
+	CHECK(has_error(&e, "2:11:", "\"a\\\"b\\\\c\" must be"));
+	config_errors_free(&e);
+
 	CHECK(load_errors("--- {routes: []}\n--- {routes: []}\n", &e) == 1);
 	CHECK(has_error(&e, "2:1:", "only one YAML document"));
 	config_errors_free(&e);
