@@ -37,6 +37,9 @@
  * path can be nearly 64 KiB), so a key is never cut, and two long keys
  * cannot meet in one counter. */
 #define CHECK_QUERY_KEY_MAX	(SERVER_BODY_MAX + 1)
+/* Idle checks kept for reuse (about 1.6 KB each): enough for the steady
+ * concurrency of a busy sidecar; a spike above it is freed as it ends. */
+#define CHECK_POOL_MAX		1024
 
 enum check_phase { CHECK_IDLE, CHECK_WAITING, CHECK_DELAYED, CHECK_DONE };
 
@@ -86,9 +89,10 @@ check_get(struct worker *w, struct http_request *req, int json)
 {
 	struct check *ck = w->w_free_checks;
 
-	if (ck)
+	if (ck) {
 		w->w_free_checks = ck->ck_next;
-	else {
+		w->w_nfree_checks--;
+	} else {
 		ck = xcalloc(1, sizeof(*ck));
 		ck->ck_worker = w;
 		ck->ck_timer = evtimer_new(w->w_base, check_on_timer, ck);
@@ -123,9 +127,16 @@ check_release(struct check *ck)
 {
 	struct worker *w = ck->ck_worker;
 
+	if (w->w_nfree_checks >= CHECK_POOL_MAX) {
+		/* After a spike, give the memory back instead of pooling it. */
+		event_free(ck->ck_timer);
+		free(ck);
+		return;
+	}
 	ck->ck_phase = CHECK_IDLE;
 	ck->ck_next = w->w_free_checks;
 	w->w_free_checks = ck;
+	w->w_nfree_checks++;
 }
 
 void
@@ -135,6 +146,7 @@ check_pool_free(struct worker *w)
 		struct check *ck = w->w_free_checks;
 
 		w->w_free_checks = ck->ck_next;
+		w->w_nfree_checks--;
 		event_free(ck->ck_timer);
 		free(ck);
 	}

@@ -34,6 +34,7 @@ struct worker {
 	int			 w_draining;
 
 	struct check		*w_free_checks;	/* pool: no malloc per check */
+	size_t			 w_nfree_checks;
 	struct check		*w_active;	/* in flight, for drain */
 	size_t			 w_nactive;
 	struct limiter_command	 w_cmd;		/* reused for every call */
