@@ -15,7 +15,7 @@
 --   commit(key, now, cost, r, a, b, c)
 --     Writes the charged state, with an expiry no longer than it matters.
 --
--- Numbers that leave Lua for Redis go through fmt_int/fmt_num: redis.call
+-- Numbers that leave Lua for Redis go through fmt_int: redis.call
 -- formats a bare Lua number with "%.14g", which would truncate microsecond
 -- timestamps (16 digits).
 
@@ -33,9 +33,6 @@ local function fmt_int(x)
   return string.format('%.0f', x)
 end
 
-local function fmt_num(x)
-  return string.format('%.17g', x)
-end
 
 -- Microseconds to whole milliseconds, rounded up so that a client told to
 -- wait that long is never early.

@@ -48,7 +48,6 @@ struct node {
 struct loader {
 	const char		*path;
 	struct config_errors	*errors;
-	struct config		*config;
 };
 
 static unsigned long config_generation;
@@ -1074,7 +1073,6 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 /* A route being read: the route and the nodes checked after the walk. */
 struct route_draft {
 	struct route	 r;
-	struct loader	*ld;
 	const struct node *node, *name_nd, *limits_nd;
 	int		 path_fields;
 };
@@ -1495,7 +1493,6 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 		size_t nerr = ld->errors->n;
 
 		memset(&d, 0, sizeof(d));
-		d.ld = ld;
 		d.node = nd->items[i];
 		d.r.failure_mode = FAILURE_MODE_INHERIT;
 		walk_mapping(ld, d.node, "route", route_keys, &d, &seen);
@@ -1672,7 +1669,7 @@ config_unref(struct config *config)
 struct config *
 config_load(const char *path, struct config_errors *errors)
 {
-	struct loader ld = { path, errors, NULL };
+	struct loader ld = { path, errors };
 	struct config *c;
 	struct node *root;
 	unsigned long seen;
@@ -1694,7 +1691,6 @@ config_load(const char *path, struct config_errors *errors)
 		return NULL;
 	}
 	c = config_defaults(path);
-	ld.config = c;
 	walk_mapping(&ld, root, "policy", top_keys, c, &seen);
 	if (root->type == NODE_MAPPING && !(seen & (1UL << 5)))
 		node_error(&ld, root, "policy: \"routes\" is required");

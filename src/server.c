@@ -106,7 +106,6 @@ static const char *
 reason(int status)
 {
 	switch (status) {
-	case 100: return "Continue";
 	case 200: return "OK";
 	case 400: return "Bad Request";
 	case 403: return "Forbidden";

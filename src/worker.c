@@ -5,10 +5,7 @@
  * the main thread; everything else a worker touches is its own.
  */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
 
 #include <event2/event.h>
 
