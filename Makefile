@@ -86,7 +86,8 @@ asan:
 	RATELIMITD_BIN=$(CURDIR)/build/asan/ratelimitd \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration \
 	    --ignore=tests/integration/test_scripts_model.py \
-	    --ignore=tests/integration/test_script_boundaries.py
+	    --ignore=tests/integration/test_script_boundaries.py \
+	    --ignore=tests/integration/test_script_batches.py
 
 # Installs the build and test packages when one is missing (Debian).
 deps:

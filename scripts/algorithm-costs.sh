@@ -72,7 +72,7 @@ for a in $algorithms; do
 	t=1700000000000000
 	k=0
 	while [ "$k" -lt 100 ]; do
-		cli evalsha "$sha" 1 "$key" "$t" 1 "$a" "$1" "$2" "$3" >/dev/null
+		cli evalsha "$sha" 1 "$key" "$t" 1 1 "$a" "$1" "$2" "$3" >/dev/null
 		t=$((t + step)); k=$((k + 1))
 	done
 	mem=$(cli memory usage "$key" samples 0)
@@ -84,7 +84,7 @@ for a in $algorithms; do
 	esac
 	cli config resetstat >/dev/null
 	redis-benchmark -s "$sock" -n "$n" -r 10000 -c 4 -q \
-		evalsha "$sha" 1 "rl:{bench:__rand_int__}:l:$a" 0 1 "$a" "$1" "$2" "$3" >/dev/null
+		evalsha "$sha" 1 "rl:{bench:__rand_int__}:l:$a" 0 1 1 "$a" "$1" "$2" "$3" >/dev/null
 	stats=$(cli info commandstats | grep '^cmdstat_evalsha:')
 	usec=$(echo "$stats" | sed -n 's/.*usec_per_call=\([0-9.]*\).*/\1/p')
 	calls=$(echo "$stats" | sed -n 's/.*[:,]calls=\([0-9]*\).*/\1/p')

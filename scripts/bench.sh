@@ -13,7 +13,10 @@
 #             three  /check, three limits on one route, 10,000 keys
 #             hot    /check, one key far over its limit (every request denied)
 #             fw2   fw again, to show whether RSS grows across runs
-#   for each server.workers value in BENCH_WORKERS.
+#             fw-single  fw on a second daemon with redis.max_batch: 1 (one
+#                   script call per check), to show what batching buys
+#   for each server.workers value in BENCH_WORKERS, and the checks per
+#   EVALSHA during fw (Redis INFO commandstats against the daemon's counts).
 #
 # Each measured run follows a warm-up. CPU is from /proc/PID/stat
 # (utime+stime) over the measured run, RSS from /proc/PID/status after it.
@@ -251,6 +254,19 @@ start_redis() {
 }
 rcli() { redis-cli -p "$REDIS_PORT" "$@"; }
 
+# EVALSHA calls Redis has run (INFO commandstats), 0 before the first.
+evalsha_calls() {
+	local v
+	v=$(rcli INFO commandstats | tr -d '\r' | sed -n 's/^cmdstat_evalsha:calls=\([0-9]*\),.*/\1/p')
+	echo "${v:-0}"
+}
+
+# Checks the daemon has answered on route fw (all results).
+fw_checks() {
+	curl -s "$DAEMON_URL/metrics" 2>/dev/null |
+		awk '/^ratelimitd_checks_total\{/ && /route="fw"/ { n += $NF } END { printf "%d\n", n }'
+}
+
 WRK_ARGS=(-t1 -c"$CONNS" --latency)
 
 # wrk_cmd KIND URL URI DURATION: WRK_CMD = the wrk command line. KIND keys:
@@ -285,9 +301,9 @@ ceiling_redis() {
 	SCRIPT_SHA=$sha
 	# The daemon's call for route fw, one fixed_window limit of 1000000 per 1h.
 	key='rl:{fw:__rand_int__}:fixed_window:fixed_window'
-	local -a cmd=(EVALSHA "$sha" 1 "$key" 0 1 fixed_window 1000000 3600000000 0)
+	local -a cmd=(EVALSHA "$sha" 1 "$key" 0 1 1 fixed_window 1000000 3600000000 0)
 	local reply
-	reply=$(rcli EVALSHA "$sha" 1 'rl:{fw:probe}:fixed_window:fixed_window' 0 1 fixed_window 1000000 3600000000 0 | head -1)
+	reply=$(rcli EVALSHA "$sha" 1 'rl:{fw:probe}:fixed_window:fixed_window' 0 1 1 fixed_window 1000000 3600000000 0 | head -1)
 	[[ $reply == 1 ]] || { err "EVALSHA probe did not allow: $reply"; return; }
 
 	# redis-benchmark runs a request count, not a duration: warm up in
@@ -374,17 +390,18 @@ third_limit() {
 	fi
 }
 
-start_daemon() { # workers
+start_daemon() { # workers [max_batch]
 	DAEMON_PORT=$(free_port)
 	DAEMON_URL=http://127.0.0.1:$DAEMON_PORT
-	local policy=$WORK/policy-w$1.yaml
+	local policy=$WORK/policy-w$1${2:+-b$2}.yaml
 	sed -e "s|@PORT@|$DAEMON_PORT|; s|@REDIS_PORT@|$REDIS_PORT|; s|@WORKERS@|$1|" \
 		-e "s|@THIRD_LIMIT@|$THIRD|" "$HERE/policy.yaml.in" >"$policy"
+	[[ -z ${2:-} ]] || sed -i "s|^redis:|redis:\n  max_batch: $2|" "$policy"
 	if ! "$BIN" -t -c "$policy" >"$WORK/validate.out" 2>&1; then
 		err "policy refused by ratelimitd -t: $(head -5 "$WORK/validate.out")"
 		return 1
 	fi
-	DAEMON_LOG=$WORK/daemon-w$1.log
+	DAEMON_LOG=$WORK/daemon-w$1${2:+-b$2}.log
 	"$BIN" -c "$policy" >"$DAEMON_LOG" 2>&1 &
 	DAEMON_PID=$!
 	PIDS+=("$DAEMON_PID")
@@ -492,8 +509,16 @@ bench_daemon() { # workers
 	start_daemon "$w" || return
 	local -A RSS_KB=() RPS=() P99=()
 	local -a RSS_SERIES=("start $(mb "$(rss_kb "$DAEMON_PID")")")
-	local s ok=1
+	local s ok=1 calls0 calls1 checks0 checks1
+	calls0=$(evalsha_calls) checks0=$(fw_checks)
 	scenario fw /fw/x keys "$w" || ok=0
+	calls1=$(evalsha_calls) checks1=$(fw_checks)
+	# Checks per script call over fw's warm-up and run, both counted by
+	# their own side: the daemon's checks, Redis's EVALSHA calls.
+	if ((ok)) && ((calls1 > calls0)); then
+		BATCH_LINES+=("workers=$w fw: $(awk -v c=$((calls1 - calls0)) -v n=$((checks1 - checks0)) \
+			'BEGIN { printf "%.1f", n / c }') checks per EVALSHA on average (redis.max_batch 64; Redis INFO commandstats vs the daemon's checks_total)")
+	fi
 	if [[ $(rcli SCRIPT EXISTS "$sha" | head -1) != 1 ]]; then
 		note "workers=$w: the daemon did not load $LUA byte for byte (sha1 $sha not in Redis's script cache)"
 	fi
@@ -527,6 +552,22 @@ bench_daemon() { # workers
 	if [[ $STOP_RC != 0 ]]; then
 		note "workers=$w: daemon exit status on SIGTERM: $STOP_RC (expected 0)"
 	fi
+	check_daemon_log "$w"
+
+	# The same fw load with batching off (one script call per check), to
+	# show what batching buys in this same run.
+	if ((ok)) && start_daemon "$w" 1; then
+		scenario fw-single /fw/x keys "$w" || ok=0
+		if ((ok)); then
+			TARGETS+=("workers=$w batching: fw $(ratio "${RPS[fw]}" "$REDIS_RPS") vs fw-single $(ratio "${RPS[fw-single]}" "$REDIS_RPS") x redis EVALSHA (p99 ${P99[fw]} vs ${P99[fw-single]} ms)")
+		fi
+		stop_pid "$DAEMON_PID" 10
+		check_daemon_log "$w"
+	fi
+}
+
+check_daemon_log() { # workers
+	local w=$1
 	if grep -qiE 'error|fatal|assert|sanitizer' "$DAEMON_LOG"; then
 		note "workers=$w: daemon log has errors: $(grep -iE 'error|fatal|assert|sanitizer' "$DAEMON_LOG" | sort | uniq -c | sort -rn | head -3 | tr '\n' ';')"
 	fi
@@ -561,6 +602,7 @@ main() {
 		ceiling_nginx
 	fi
 	RSS_LINES=()
+	BATCH_LINES=()
 	if [[ $ONLY != ceilings ]]; then
 		third_limit
 		local w
@@ -579,7 +621,7 @@ report() {
 	echo
 	echo "## ratelimitd bench ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs, wrk -t1 -c$CONNS, ${DURATION}s runs after ${WARMUP}s warm-up)"
 	echo
-	echo "Scenarios: fw/tb/three = /check with X-Api-Key over $NKEYS random keys (fw: fixed_window; tb: token_bucket; three: ${THIRD_DESC:-n/a}); hot = one key over its limit (all denied); fw2 = fw repeated. CPU% is of one core (200 = both), from /proc over the measured run; loadgen = wrk or redis-benchmark. Ratio: vs the redis EVALSHA ceiling (fixed_window script) or vs nginx."
+	echo "Scenarios: fw/tb/three = /check with X-Api-Key over $NKEYS random keys (fw: fixed_window; tb: token_bucket; three: ${THIRD_DESC:-n/a}); hot = one key over its limit (all denied); fw2 = fw repeated; fw-single = fw on a daemon with redis.max_batch 1 (one script call per check, batching off). CPU% is of one core (200 = both), from /proc over the measured run; loadgen = wrk or redis-benchmark. Ratio: vs the redis EVALSHA ceiling (fixed_window script) or vs nginx."
 	echo
 	echo "| scenario | workers | req/s | p50 ms | p99 ms | daemon CPU% | redis CPU% | loadgen CPU% | ratio vs ceiling |"
 	echo "|---|---|---|---|---|---|---|---|---|"
@@ -588,6 +630,7 @@ report() {
 	echo "Load average (1/5/15 min) before: $LOAD_BEFORE, after: $LOAD_AFTER (other processes compete for the same $(nproc) CPUs; the bench itself adds about 2)."
 	echo "Ceilings: redis EVALSHA ${REDIS_RPS:-n/a} req/s; nginx return 204 ${NGINX_RPS:-n/a} req/s."
 	for r in "${RSS_LINES[@]}"; do echo "$r"; done
+	for r in "${BATCH_LINES[@]}"; do echo "$r"; done
 	if ((${#TARGETS[@]})); then
 		echo
 		echo "Targets (informational; with -c$CONNS closed-loop, mean latency = $CONNS / req/s, so p99 <= $T_P99_MS ms needs well over $((CONNS * 1000))/s):"

@@ -21,12 +21,47 @@
 
 local ALGORITHMS = {}
 
--- Only the algorithms this call names are built. Redis runs the whole script
--- body on every call, so defining all six (tables and closures) cost about
--- 4 us per check; each algorithm file wraps its definition in `if USED.x`.
+-- The batch is read and checked whole before anything is decided, so a
+-- malformed call is refused having changed nothing. BATCH holds four
+-- entries per check: cost, limit count, index of its first limit in ARGV,
+-- index before its first key in KEYS. BAD names the first problem.
+--
+-- Only the algorithms this call names are built (USED). Redis runs the whole
+-- script body on every call, so defining all six (tables and closures) cost
+-- about 4 us per call; each algorithm file wraps its definition in `if
+-- USED.x`.
+local BATCH = {}
 local USED = {}
-for i = 1, #KEYS do
-  USED[ARGV[3 + (i - 1) * 4]] = true
+local BAD = nil
+do
+  local arg, key = 2, 0
+  while arg <= #ARGV do
+    local cost, n = tonumber(ARGV[arg]), tonumber(ARGV[arg + 1])
+    if cost == nil or cost < 1 or cost > 1e15 or cost ~= math.floor(cost) then
+      BAD = 'bad cost'
+      break
+    end
+    if n == nil or n < 1 or n ~= math.floor(n) or key + n > #KEYS
+        or arg + 1 + 4 * n > #ARGV then
+      BAD = 'bad limit count'
+      break
+    end
+    for j = 0, n - 1 do
+      local at = arg + 2 + 4 * j
+      if tonumber(ARGV[at + 1]) == nil or tonumber(ARGV[at + 2]) == nil
+          or tonumber(ARGV[at + 3]) == nil then
+        BAD = 'bad limit parameters'
+        break
+      end
+      USED[ARGV[at]] = true
+    end
+    if BAD then break end
+    local b = #BATCH
+    BATCH[b + 1], BATCH[b + 2], BATCH[b + 3], BATCH[b + 4] = cost, n, arg + 2, key
+    arg = arg + 2 + 4 * n
+    key = key + n
+  end
+  if BAD == nil and key ~= #KEYS then BAD = 'more keys than limits' end
 end
 
 local function fmt_int(x)

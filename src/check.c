@@ -238,6 +238,10 @@ check_finish(struct check *ck, enum check_outcome outcome)
 	long long took;
 
 	event_del(ck->ck_timer);
+	/* Not sent yet (a drain): it never will be, and it points into the
+	 * policy released below. */
+	if (ck->ck_redis_pending && store_cancel(&ck->ck_call))
+		ck->ck_redis_pending = 0;
 	switch (outcome) {
 	case OUTCOME_NO_ROUTE:
 		result = RESULT_NO_ROUTE;
@@ -421,9 +425,12 @@ check_send(struct check *ck)
 {
 	struct worker *w = ck->ck_worker;
 
-	limiter_build(&w->w_cmd, store_script_sha(w->w_store), ck->ck_config->key_prefix,
-	    ck->ck_route->name, ck->ck_client, ck->ck_set, ck->ck_cost);
-	if (store_eval(w->w_store, &w->w_cmd, &ck->ck_call, check_on_reply, ck) == -1) {
+	ck->ck_call.sc_key_prefix = ck->ck_config->key_prefix;
+	ck->ck_call.sc_route = ck->ck_route->name;
+	ck->ck_call.sc_client = ck->ck_client;
+	ck->ck_call.sc_set = ck->ck_set;
+	ck->ck_call.sc_cost = ck->ck_cost;
+	if (store_eval(w->w_store, &ck->ck_call, check_on_reply, ck) == -1) {
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
 	}

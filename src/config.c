@@ -733,6 +733,17 @@ on_redis_connect_timeout(struct loader *ld, const struct node *nd, const char *k
 }
 
 static int
+on_redis_max_batch(struct loader *ld, const struct node *nd, const char *key, void *t)
+{
+	long long v;
+
+	if (get_int(ld, nd, key, 1, CONFIG_BATCH_MAX, &v) == -1)
+		return -1;
+	((struct config *)t)->redis_max_batch = (int)v;
+	return 0;
+}
+
+static int
 on_key_prefix(struct loader *ld, const struct node *nd, const char *key, void *t)
 {
 	struct config *c = t;
@@ -757,6 +768,7 @@ static const struct key_handler redis_keys[] = {
 	{ "password_env", on_redis_password_env },
 	{ "timeout", on_redis_timeout },
 	{ "connect_timeout", on_redis_connect_timeout },
+	{ "max_batch", on_redis_max_batch },
 	{ "key_prefix", on_key_prefix },
 	{ NULL, NULL },
 };
@@ -1618,6 +1630,7 @@ config_defaults(const char *path)
 	c->redis_password_env = xstrdup("REDIS_PASSWORD");
 	c->redis_timeout_us = 50 * US_PER_MS;
 	c->redis_connect_timeout_us = 500 * US_PER_MS;
+	c->redis_max_batch = CONFIG_BATCH_DEFAULT;
 	c->key_prefix = xstrdup("rl:");
 	c->failure_mode = FAILURE_MODE_OPEN;
 	c->trusted_proxies = xcalloc(2, sizeof(struct cidr));
@@ -1838,6 +1851,7 @@ config_to_json(const struct config *c)
 	json_object_set_new(redis, "timeout", duration_json(c->redis_timeout_us));
 	json_object_set_new(redis, "connect_timeout",
 	    duration_json(c->redis_connect_timeout_us));
+	json_object_set_new(redis, "max_batch", json_integer(c->redis_max_batch));
 	json_object_set_new(redis, "key_prefix", json_string(c->key_prefix));
 	json_object_set_new(root, "redis", redis);
 

@@ -13,6 +13,10 @@
 #include <jansson.h>
 
 #define CONFIG_LIMITS_MAX	16	/* limits on one route (one script call) */
+/* Checks one script call may carry: a call blocks Redis for its whole run
+ * (a few microseconds per check), so batches stay well under a millisecond. */
+#define CONFIG_BATCH_DEFAULT	64
+#define CONFIG_BATCH_MAX	1000
 #define CONFIG_ROUTES_MAX	1000
 #define CONFIG_WORKERS_MAX	64
 #define CONFIG_KEY_RAW_MAX	256	/* longer client keys are hashed */
@@ -105,6 +109,7 @@ struct config {
 	char		*redis_password;	/* from the environment; never printed */
 	long long	 redis_timeout_us;
 	long long	 redis_connect_timeout_us;
+	int		 redis_max_batch;	/* checks per script call, at most */
 	char		*key_prefix;
 
 	enum failure_mode failure_mode;

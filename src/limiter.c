@@ -51,23 +51,165 @@ limiter_encode_client(const char *key, size_t len, char *out)
 	return o;
 }
 
-/* Appends a string to the command buffer and records it as an argument. */
-static void
-push(struct limiter_command *cmd, size_t *off, const char *s, size_t len)
+static void *
+grow(void *p, size_t *cap, size_t need, size_t size)
 {
-	memcpy(cmd->buf + *off, s, len);
-	cmd->argv[cmd->argc] = cmd->buf + *off;
-	cmd->argvlen[cmd->argc++] = len;
-	*off += len;
+	if (need <= *cap)
+		return p;
+	*cap = *cap ? *cap * 2 : 64;
+	while (*cap < need)
+		*cap *= 2;
+	return xrealloc(p, *cap * size);
+}
+
+/* Makes room for len more bytes in the command buffer. */
+static void
+reserve(struct limiter_command *cmd, size_t len)
+{
+	if (cmd->buflen + len > cmd->bufsize)
+		cmd->buf = grow(cmd->buf, &cmd->bufsize, cmd->buflen + len, 1);
 }
 
 static void
-push_num(struct limiter_command *cmd, size_t *off, long long v)
+put(struct limiter_command *cmd, const char *s, size_t len)
+{
+	memcpy(cmd->buf + cmd->buflen, s, len);
+	cmd->buflen += len;
+}
+
+/* Appends a string to the buffer and stages it as an ARGV entry. */
+static void
+push_arg(struct limiter_command *cmd, const char *s, size_t len)
+{
+	reserve(cmd, len);
+	cmd->args = grow(cmd->args, &cmd->argscap, cmd->nargs + 1, sizeof(*cmd->args));
+	cmd->args[cmd->nargs].off = cmd->buflen;
+	cmd->args[cmd->nargs++].len = len;
+	put(cmd, s, len);
+}
+
+/* Formats v in decimal into out (NUM_MAX bytes, NUL-terminated); returns
+ * the length. printf's machinery was a visible share of the hot path's CPU,
+ * for up to ten numbers per check. */
+static size_t
+fmt_ll(char *out, long long v)
 {
 	char tmp[NUM_MAX];
-	int n = snprintf(tmp, sizeof(tmp), "%lld", v);
+	unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+	size_t n = 0, len = 0;
 
-	push(cmd, off, tmp, (size_t)n);
+	do {
+		tmp[n++] = (char)('0' + u % 10);
+		u /= 10;
+	} while (u);
+	if (v < 0)
+		out[len++] = '-';
+	while (n)
+		out[len++] = tmp[--n];
+	out[len] = '\0';
+	return len;
+}
+
+static void
+push_num(struct limiter_command *cmd, long long v)
+{
+	char tmp[NUM_MAX];
+
+	push_arg(cmd, tmp, fmt_ll(tmp, v));
+}
+
+void
+limiter_reset(struct limiter_command *cmd)
+{
+	cmd->nkeys = cmd->nargs = cmd->nchecks = cmd->buflen = 0;
+	cmd->argc = 0;
+	push_arg(cmd, "0", 1);	/* time: Redis TIME */
+}
+
+void
+limiter_add(struct limiter_command *cmd, const char *key_prefix,
+    const char *route, const char *client, const struct limit_set *set,
+    long long cost)
+{
+	size_t plen = strlen(key_prefix), rlen = strlen(route), clen = strlen(client);
+
+	for (size_t i = 0; i < set->nlimits; i++) {
+		const struct limit *l = &set->limits[i];
+		const char *alg = config_algorithm_name(l->algorithm);
+		size_t nlen = strlen(l->name), alen = strlen(alg);
+		size_t len = plen + rlen + clen + nlen + alen + 5; /* {:}:: */
+
+		reserve(cmd, len);
+		cmd->keys = grow(cmd->keys, &cmd->keyscap, cmd->nkeys + 1,
+		    sizeof(*cmd->keys));
+		cmd->keys[cmd->nkeys].off = cmd->buflen;
+		cmd->keys[cmd->nkeys++].len = len;
+		put(cmd, key_prefix, plen);
+		put(cmd, "{", 1);
+		put(cmd, route, rlen);
+		put(cmd, ":", 1);
+		put(cmd, client, clen);
+		put(cmd, "}:", 2);
+		put(cmd, l->name, nlen);
+		put(cmd, ":", 1);
+		put(cmd, alg, alen);
+	}
+	push_num(cmd, cost);
+	push_num(cmd, (long long)set->nlimits);
+	for (size_t i = 0; i < set->nlimits; i++) {
+		const struct limit *l = &set->limits[i];
+		const char *alg = config_algorithm_name(l->algorithm);
+
+		push_arg(cmd, alg, strlen(alg));
+		if (config_algorithm_is_bucket(l->algorithm)) {
+			push_num(cmd, l->quota);
+			push_num(cmd, l->rate_n);
+			push_num(cmd, l->rate_period_us);
+		} else {
+			push_num(cmd, l->quota);
+			push_num(cmd, l->window_us);
+			push_num(cmd, l->precision_us);
+		}
+	}
+	cmd->nchecks++;
+}
+
+void
+limiter_finish(struct limiter_command *cmd, const char *sha)
+{
+	size_t argc = 3 + cmd->nkeys + cmd->nargs, a = 0;
+	char numkeys[NUM_MAX];
+	size_t nklen = fmt_ll(numkeys, (long long)cmd->nkeys);
+	size_t shalen = strlen(sha), off;
+
+	if (argc > cmd->argvcap) {
+		size_t cap = cmd->argvcap;
+
+		cmd->argv = grow(cmd->argv, &cap, argc, sizeof(*cmd->argv));
+		cmd->argvlen = xrealloc(cmd->argvlen, cap * sizeof(*cmd->argvlen));
+		cmd->argvcap = cap;
+	}
+	/* The fixed head goes at the buffer's end: nothing moves after this. */
+	reserve(cmd, 7 + shalen + nklen);
+	off = cmd->buflen;
+	put(cmd, "EVALSHA", 7);
+	put(cmd, sha, shalen);
+	put(cmd, numkeys, nklen);
+	cmd->argv[a] = cmd->buf + off;
+	cmd->argvlen[a++] = 7;
+	cmd->argv[a] = cmd->buf + off + 7;
+	cmd->argvlen[a++] = shalen;
+	cmd->argv[a] = cmd->buf + off + 7 + shalen;
+	cmd->argvlen[a++] = nklen;
+	for (size_t i = 0; i < cmd->nkeys; i++) {
+		cmd->argv[a] = cmd->buf + cmd->keys[i].off;
+		cmd->argvlen[a++] = cmd->keys[i].len;
+	}
+	for (size_t i = 0; i < cmd->nargs; i++) {
+		cmd->argv[a] = cmd->buf + cmd->args[i].off;
+		cmd->argvlen[a++] = cmd->args[i].len;
+	}
+	cmd->argc = (int)argc;
 }
 
 void
@@ -75,78 +217,27 @@ limiter_build(struct limiter_command *cmd, const char *sha,
     const char *key_prefix, const char *route, const char *client,
     const struct limit_set *set, long long cost)
 {
-	size_t plen = strlen(key_prefix), rlen = strlen(route), clen = strlen(client);
-	size_t need = 64 + NUM_MAX * 2, off = 0;
-
-	for (size_t i = 0; i < set->nlimits; i++) {
-		const struct limit *l = &set->limits[i];
-
-		need += plen + rlen + clen + strlen(l->name) +
-		    strlen(config_algorithm_name(l->algorithm)) * 2 + 8 + NUM_MAX * 3;
-	}
-	if (need > cmd->bufsize) {
-		cmd->buf = xrealloc(cmd->buf, need);
-		cmd->bufsize = need;
-	}
-	cmd->argc = 0;
-	push(cmd, &off, "EVALSHA", 7);
-	push(cmd, &off, sha, strlen(sha));
-	push_num(cmd, &off, (long long)set->nlimits);
-	for (size_t i = 0; i < set->nlimits; i++) {
-		const struct limit *l = &set->limits[i];
-		const char *alg = config_algorithm_name(l->algorithm);
-		size_t start = off;
-
-		memcpy(cmd->buf + off, key_prefix, plen);
-		off += plen;
-		cmd->buf[off++] = '{';
-		memcpy(cmd->buf + off, route, rlen);
-		off += rlen;
-		cmd->buf[off++] = ':';
-		memcpy(cmd->buf + off, client, clen);
-		off += clen;
-		cmd->buf[off++] = '}';
-		cmd->buf[off++] = ':';
-		memcpy(cmd->buf + off, l->name, strlen(l->name));
-		off += strlen(l->name);
-		cmd->buf[off++] = ':';
-		memcpy(cmd->buf + off, alg, strlen(alg));
-		off += strlen(alg);
-		cmd->argv[cmd->argc] = cmd->buf + start;
-		cmd->argvlen[cmd->argc++] = off - start;
-	}
-	push(cmd, &off, "0", 1);	/* time: Redis TIME */
-	push_num(cmd, &off, cost);
-	for (size_t i = 0; i < set->nlimits; i++) {
-		const struct limit *l = &set->limits[i];
-		const char *alg = config_algorithm_name(l->algorithm);
-
-		push(cmd, &off, alg, strlen(alg));
-		if (config_algorithm_is_bucket(l->algorithm)) {
-			push_num(cmd, &off, l->quota);
-			push_num(cmd, &off, l->rate_n);
-			push_num(cmd, &off, l->rate_period_us);
-		} else {
-			push_num(cmd, &off, l->quota);
-			push_num(cmd, &off, l->window_us);
-			push_num(cmd, &off, l->precision_us);
-		}
-	}
+	limiter_reset(cmd);
+	limiter_add(cmd, key_prefix, route, client, set, cost);
+	limiter_finish(cmd, sha);
 }
 
 void
 limiter_command_free(struct limiter_command *cmd)
 {
 	free(cmd->buf);
-	cmd->buf = NULL;
-	cmd->bufsize = 0;
+	free(cmd->argv);
+	free(cmd->argvlen);
+	free(cmd->keys);
+	free(cmd->args);
+	memset(cmd, 0, sizeof(*cmd));
 }
 
 int
 limiter_parse(const struct limit_set *set, const long long *ints, size_t n,
     struct verdict *v)
 {
-	if (n != 2 + 5 * set->nlimits)
+	if (n != LIMITER_REPLY_INTS(set->nlimits))
 		return -1;
 	memset(v, 0, sizeof(*v));
 	v->allowed = ints[0] == 1;
@@ -191,14 +282,14 @@ limiter_format(const struct limit_set *set, const struct verdict *v, int ietf,
 {
 	const struct limit_result *r = &v->r[v->headline];
 
-	snprintf(h->limit, sizeof(h->limit), "%lld", set->limits[v->headline].quota);
-	snprintf(h->remaining, sizeof(h->remaining), "%lld", r->remaining);
-	snprintf(h->reset, sizeof(h->reset), "%lld", limiter_ms_to_s(r->reset_ms));
+	fmt_ll(h->limit, set->limits[v->headline].quota);
+	fmt_ll(h->remaining, r->remaining);
+	fmt_ll(h->reset, limiter_ms_to_s(r->reset_ms));
 	h->retry_after[0] = '\0';
 	if (!v->allowed) {
 		long long s = limiter_ms_to_s(v->retry_ms);
 
-		snprintf(h->retry_after, sizeof(h->retry_after), "%lld", s < 1 ? 1 : s);
+		fmt_ll(h->retry_after, s < 1 ? 1 : s);
 	}
 	h->policy[0] = h->ratelimit[0] = '\0';
 	if (ietf) {

@@ -11,16 +11,29 @@
 
 /* An encoded client key: 256 bytes percent-encoded, or '#' + 64 hex. */
 #define LIMITER_CLIENT_MAX	(CONFIG_KEY_RAW_MAX * 3 + 1)
-#define LIMITER_ARGC_MAX	(3 + CONFIG_LIMITS_MAX * 5 + 2)
 #define LIMITER_IETF_MAX	(CONFIG_LIMITS_MAX * 96)
 
-/* An EVALSHA command built into reusable storage. */
+/* A piece of a command under construction: an offset into buf, so the
+ * buffer may grow while checks are added. */
+struct limiter_arg {
+	size_t	off;
+	size_t	len;
+};
+
+/* One EVALSHA carrying a batch of checks, built into storage that grows to
+ * the largest batch seen and is then reused: no allocation per check. The
+ * keys of all checks come first in KEYS, their arguments after the time in
+ * ARGV, so the two are staged apart and joined by limiter_finish. */
 struct limiter_command {
-	int		 argc;
-	const char	*argv[LIMITER_ARGC_MAX];
-	size_t		 argvlen[LIMITER_ARGC_MAX];
-	char		*buf;		/* grows once, then reused */
-	size_t		 bufsize;
+	int			 argc;		/* valid after limiter_finish */
+	const char		**argv;
+	size_t			*argvlen;
+	size_t			 argvcap;
+	struct limiter_arg	*keys, *args;
+	size_t			 nkeys, nargs, keyscap, argscap;
+	size_t			 nchecks;
+	char			*buf;
+	size_t			 buflen, bufsize;
 };
 
 struct limit_result {
@@ -55,13 +68,25 @@ struct limiter_headers {
  * bytes); returns its length. */
 size_t limiter_encode_client(const char *key, size_t len, char *out);
 
-/* Builds EVALSHA sha for the route's limits; client is encoded. */
+/* Empties cmd for a new batch. */
+void limiter_reset(struct limiter_command *cmd);
+/* Appends one check of the route's limits; client is encoded. */
+void limiter_add(struct limiter_command *cmd, const char *key_prefix,
+    const char *route, const char *client, const struct limit_set *set,
+    long long cost);
+/* Lays out argv: EVALSHA sha numkeys KEYS... 0 ARGV... */
+void limiter_finish(struct limiter_command *cmd, const char *sha);
+/* A batch of one: reset, add, finish. */
 void limiter_build(struct limiter_command *cmd, const char *sha,
     const char *key_prefix, const char *route, const char *client,
     const struct limit_set *set, long long cost);
 void limiter_command_free(struct limiter_command *cmd);
 
-/* Reads the script reply (integers) into v; 0, or -1 when malformed. */
+/* The script's reply to one check: 2 + 5 integers per limit. */
+#define LIMITER_REPLY_INTS(nlimits)	(2 + 5 * (nlimits))
+
+/* Reads one check's slice of the script reply into v; 0, or -1 when
+ * malformed. */
 int limiter_parse(const struct limit_set *set, const long long *ints, size_t n,
     struct verdict *v);
 

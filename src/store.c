@@ -9,6 +9,15 @@
  * and no reply for STORE_STALL_MIN_US or 4x redis.timeout is dropped, which
  * fails its pending calls and starts reconnecting).
  *
+ * Batching: store_eval only queues a check; a flush event, activated by the
+ * first check of a loop iteration and run after that iteration's I/O (it is
+ * queued behind it at the same priority), sends everything queued as script
+ * calls of up to redis.max_batch checks each. Redis runs one call's checks
+ * in order, each as if alone, so the result is the same as one call per
+ * check, at a fraction of Redis's per-call cost. A Redis Cluster node
+ * (INFO cluster, asked in the handshake) refuses keys of several slots in
+ * one call, so there every call carries one check.
+ *
  * hiredis rules we live by: the context may be freed only outside hiredis
  * callbacks (0.14.1 has no in-callback guard), so callbacks only record state
  * and drops are done from timers; a failed connect is freed by hiredis
@@ -38,11 +47,20 @@
 #define STORE_BACKOFF_MAX_US	1000000LL	/* never wait more than 1 s */
 #define STORE_STALL_MIN_US	1000000LL
 #define STORE_WATCHDOG_US	100000LL
-#define STORE_REPLY_INTS_MAX	(2 + 5 * CONFIG_LIMITS_MAX)
+#define STORE_REPLY_INTS_MAX	LIMITER_REPLY_INTS(CONFIG_LIMITS_MAX)
 
 /* Handshake step names, passed to hiredis as callback data. */
 static char step_auth[] = "AUTH";
 static char step_select[] = "SELECT";
+
+/* The checks of one script call, in the order of the reply. */
+struct store_batch {
+	struct store_batch	*sb_next;	/* free list */
+	struct store		*sb_store;
+	size_t			 sb_n, sb_cap;
+	struct store_call	**sb_calls;
+	size_t			*sb_nlimits;	/* read at send: the policy may go */
+};
 
 struct store {
 	struct event_base	*st_base;
@@ -67,9 +85,16 @@ struct store {
 	struct event		*st_watchdog_ev; /* stall detection */
 	struct event		*st_drop_ev;	/* deferred drop, outside hiredis */
 
-	size_t			 st_inflight;
+	size_t			 st_inflight;	/* checks sent, not answered */
 	long long		 st_progress_us; /* last reply or first send */
 	int			 st_logged_down; /* "still down" logged once */
+
+	int			 st_max_batch;	/* redis.max_batch */
+	int			 st_cluster;	/* a Cluster node: one check a call */
+	struct store_call	*st_queue, *st_queue_tail; /* not yet sent */
+	struct event		*st_flush_ev;
+	struct store_batch	*st_free_batches;
+	struct limiter_command	 st_cmd;	/* reused for every call */
 };
 
 static void store_connect(struct store *);
@@ -208,6 +233,24 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 	}
 }
 
+/* Only a Cluster node needs one check per call; an error (INFO not
+ * allowed to this ACL user) leaves batching on, as on a plain Redis. */
+static void
+on_info_cluster(redisAsyncContext *ac, void *r, void *privdata)
+{
+	struct store *st = ac->data;
+	redisReply *reply = r;
+
+	(void)privdata;
+	if (reply == NULL || st == NULL || st->st_ac != ac)
+		return;
+	st->st_cluster = reply->type == REDIS_REPLY_STRING &&
+	    strstr(reply->str, "cluster_enabled:1") != NULL;
+	if (st->st_cluster && st->st_max_batch > 1)
+		log_info("redis %s: a Cluster node; one check per script call",
+		    st->st_address);
+}
+
 static void
 load_script(struct store *st)
 {
@@ -272,6 +315,8 @@ store_connect(struct store *st)
 	if (st->st_database)
 		redisAsyncCommand(ac, on_handshake_reply, step_select,
 		    "SELECT %d", st->st_database);
+	st->st_cluster = 0;
+	redisAsyncCommand(ac, on_info_cluster, NULL, "INFO cluster");
 	load_script(st);
 	event_add(st->st_handshake_ev, &tv);
 }
@@ -341,59 +386,191 @@ on_watchdog(evutil_socket_t fd, short what, void *arg)
 	}
 }
 
-static void
-on_eval_reply(redisAsyncContext *ac, void *r, void *privdata)
+static struct store_batch *
+batch_get(struct store *st)
 {
-	struct store_call *call = privdata;
-	struct store *st = call->sc_store;
-	redisReply *reply = r;
-	struct store_result res;
-	long long ints[STORE_REPLY_INTS_MAX];
+	struct store_batch *b = st->st_free_batches;
+	size_t cap = (size_t)st->st_max_batch;
 
-	memset(&res, 0, sizeof(res));
-	if (st->st_ac == ac && st->st_inflight > 0) {
-		st->st_inflight--;
-		st->st_progress_us = now_us();
+	if (b)
+		st->st_free_batches = b->sb_next;
+	else {
+		b = xcalloc(1, sizeof(*b));
+		b->sb_store = st;
 	}
-	if (reply == NULL) {
-		res.status = STORE_DISCONNECTED;
-		metrics_redis_error(st->st_metrics, REDIS_ERROR_DISCONNECTED);
-	} else if (reply->type == REDIS_REPLY_ERROR) {
-		if (strncmp(reply->str, "NOSCRIPT", 8) == 0) {
-			res.status = STORE_NOSCRIPT;
-			metrics_redis_error(st->st_metrics, REDIS_ERROR_NOSCRIPT);
-			load_script(st);
-		} else {
-			res.status = STORE_ERROR;
-			res.error = reply->str;
-			metrics_redis_error(st->st_metrics, REDIS_ERROR_ERROR);
-		}
-	} else if (reply->type == REDIS_REPLY_ARRAY &&
-	    reply->elements <= STORE_REPLY_INTS_MAX) {
-		res.status = STORE_OK;
-		for (size_t i = 0; i < reply->elements; i++) {
-			if (reply->element[i]->type != REDIS_REPLY_INTEGER) {
-				res.status = STORE_ERROR;
-				res.error = "script reply is not integers";
-				break;
-			}
-			ints[i] = reply->element[i]->integer;
-		}
-		res.ints = ints;
-		res.nints = reply->elements;
-		if (res.status == STORE_ERROR)
-			metrics_redis_error(st->st_metrics, REDIS_ERROR_ERROR);
-	} else {
-		res.status = STORE_ERROR;
-		res.error = "unexpected script reply";
-		metrics_redis_error(st->st_metrics, REDIS_ERROR_ERROR);
+	if (b->sb_cap < cap) {
+		b->sb_calls = xrealloc(b->sb_calls, cap * sizeof(*b->sb_calls));
+		b->sb_nlimits = xrealloc(b->sb_nlimits, cap * sizeof(*b->sb_nlimits));
+		b->sb_cap = cap;
 	}
+	b->sb_n = 0;
+	return b;
+}
+
+static void
+batch_put(struct store *st, struct store_batch *b)
+{
+	b->sb_next = st->st_free_batches;
+	st->st_free_batches = b;
+}
+
+static void
+batch_free_all(struct store *st)
+{
+	while (st->st_free_batches) {
+		struct store_batch *b = st->st_free_batches;
+
+		st->st_free_batches = b->sb_next;
+		free(b->sb_calls);
+		free(b->sb_nlimits);
+		free(b);
+	}
+}
+
+/* Answers one call without a reply (failure statuses only). */
+static void
+call_fail(struct store *st, struct store_call *call, enum store_status status,
+    const char *error)
+{
+	struct store_result res = { status, NULL, 0, error };
+	enum redis_error_kind kind = status == STORE_NOSCRIPT ? REDIS_ERROR_NOSCRIPT :
+	    status == STORE_DISCONNECTED ? REDIS_ERROR_DISCONNECTED :
+	    REDIS_ERROR_ERROR;
+
+	metrics_redis_error(st->st_metrics, kind);
 	call->sc_cb(call->sc_arg, &res);
 }
 
+/* Every check of the batch gets the same failure. */
+static void
+batch_fail(struct store *st, struct store_batch *b, enum store_status status,
+    const char *error)
+{
+	for (size_t i = 0; i < b->sb_n; i++)
+		call_fail(st, b->sb_calls[i], status, error);
+}
+
+/* Hands each check its slice of the reply: 2 + 5 integers per limit. */
+static void
+batch_deliver(struct store *st, struct store_batch *b, const redisReply *reply)
+{
+	long long ints[STORE_REPLY_INTS_MAX];
+	size_t want = 0, at = 0;
+
+	for (size_t i = 0; i < b->sb_n; i++)
+		want += LIMITER_REPLY_INTS(b->sb_nlimits[i]);
+	if (reply->elements != want) {
+		batch_fail(st, b, STORE_ERROR, "script reply has the wrong length");
+		return;
+	}
+	for (size_t i = 0; i < reply->elements; i++)
+		if (reply->element[i]->type != REDIS_REPLY_INTEGER) {
+			batch_fail(st, b, STORE_ERROR, "script reply is not integers");
+			return;
+		}
+	for (size_t i = 0; i < b->sb_n; i++) {
+		struct store_result res = { STORE_OK, ints,
+		    LIMITER_REPLY_INTS(b->sb_nlimits[i]), NULL };
+
+		for (size_t k = 0; k < res.nints; k++)
+			ints[k] = reply->element[at++]->integer;
+		b->sb_calls[i]->sc_cb(b->sb_calls[i]->sc_arg, &res);
+	}
+}
+
+static void
+on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+	struct store_batch *b = privdata;
+	struct store *st = b->sb_store;
+	redisReply *reply = r;
+
+	if (st->st_ac == ac && st->st_inflight >= b->sb_n) {
+		st->st_inflight -= b->sb_n;
+		st->st_progress_us = now_us();
+	}
+	if (reply == NULL)
+		batch_fail(st, b, STORE_DISCONNECTED, NULL);
+	else if (reply->type == REDIS_REPLY_ERROR) {
+		if (strncmp(reply->str, "NOSCRIPT", 8) == 0) {
+			/* Queued ahead of the checks' retries. */
+			load_script(st);
+			batch_fail(st, b, STORE_NOSCRIPT, NULL);
+		} else
+			batch_fail(st, b, STORE_ERROR, reply->str);
+	} else if (reply->type == REDIS_REPLY_ARRAY)
+		batch_deliver(st, b, reply);
+	else
+		batch_fail(st, b, STORE_ERROR, "unexpected script reply");
+	batch_put(st, b);
+}
+
+static struct store_call *
+queue_pop(struct store *st)
+{
+	struct store_call *call = st->st_queue;
+
+	if (call == NULL)
+		return NULL;
+	st->st_queue = call->sc_next;
+	if (st->st_queue)
+		st->st_queue->sc_prev = NULL;
+	else
+		st->st_queue_tail = NULL;
+	call->sc_next = call->sc_prev = NULL;
+	call->sc_queued = 0;
+	return call;
+}
+
+/* Sends what this loop iteration queued, max_batch checks per call. */
+static void
+on_flush(evutil_socket_t fd, short what, void *arg)
+{
+	struct store *st = arg;
+	size_t max = st->st_cluster ? 1 : (size_t)st->st_max_batch;
+	struct store_call *call;
+	int sent = 0;
+
+	(void)fd;
+	(void)what;
+	while (st->st_queue) {
+		struct store_batch *b;
+
+		if (st->st_state != STORE_UP || st->st_ac == NULL) {
+			/* The link went down after these were queued. */
+			while ((call = queue_pop(st)) != NULL)
+				call_fail(st, call, STORE_DISCONNECTED, NULL);
+			return;
+		}
+		b = batch_get(st);
+		limiter_reset(&st->st_cmd);
+		while (b->sb_n < max && (call = queue_pop(st)) != NULL) {
+			limiter_add(&st->st_cmd, call->sc_key_prefix, call->sc_route,
+			    call->sc_client, call->sc_set, call->sc_cost);
+			b->sb_nlimits[b->sb_n] = call->sc_set->nlimits;
+			b->sb_calls[b->sb_n++] = call;
+		}
+		limiter_finish(&st->st_cmd, st->st_sha);
+		if (redisAsyncCommandArgv(st->st_ac, on_batch_reply, b,
+		    st->st_cmd.argc, st->st_cmd.argv, st->st_cmd.argvlen) != REDIS_OK) {
+			batch_fail(st, b, STORE_DISCONNECTED, NULL);
+			batch_put(st, b);
+			continue;
+		}
+		if (st->st_inflight == 0)
+			st->st_progress_us = now_us();
+		st->st_inflight += b->sb_n;
+		sent = 1;
+	}
+	/* Write now rather than on the next loop iteration's EV_WRITE: one
+	 * poll round trip less per batch. On a write error hiredis frees the
+	 * context (we are outside its callbacks) and fails the calls. */
+	if (sent && st->st_ac != NULL)
+		redisAsyncHandleWrite(st->st_ac);
+}
+
 int
-store_eval(struct store *st, struct limiter_command *cmd,
-    struct store_call *call, store_cb cb, void *arg)
+store_eval(struct store *st, struct store_call *call, store_cb cb, void *arg)
 {
 	if (st->st_state != STORE_UP || st->st_ac == NULL) {
 		metrics_redis_error(st->st_metrics, REDIS_ERROR_DISCONNECTED);
@@ -402,26 +579,43 @@ store_eval(struct store *st, struct limiter_command *cmd,
 	call->sc_store = st;
 	call->sc_cb = cb;
 	call->sc_arg = arg;
-	if (redisAsyncCommandArgv(st->st_ac, on_eval_reply, call, cmd->argc,
-	    cmd->argv, cmd->argvlen) != REDIS_OK) {
-		metrics_redis_error(st->st_metrics, REDIS_ERROR_DISCONNECTED);
-		return -1;
+	call->sc_next = NULL;
+	call->sc_prev = st->st_queue_tail;
+	call->sc_queued = 1;
+	if (st->st_queue_tail)
+		st->st_queue_tail->sc_next = call;
+	else {
+		st->st_queue = call;
+		event_active(st->st_flush_ev, EV_TIMEOUT, 0);
 	}
-	if (st->st_inflight++ == 0)
-		st->st_progress_us = now_us();
+	st->st_queue_tail = call;
 	return 0;
+}
+
+int
+store_cancel(struct store_call *call)
+{
+	struct store *st = call->sc_store;
+
+	if (!call->sc_queued)
+		return 0;
+	if (call->sc_prev)
+		call->sc_prev->sc_next = call->sc_next;
+	else
+		st->st_queue = call->sc_next;
+	if (call->sc_next)
+		call->sc_next->sc_prev = call->sc_prev;
+	else
+		st->st_queue_tail = call->sc_prev;
+	call->sc_next = call->sc_prev = NULL;
+	call->sc_queued = 0;
+	return 1;
 }
 
 enum store_state
 store_state(const struct store *st)
 {
 	return st->st_state;
-}
-
-const char *
-store_script_sha(const struct store *st)
-{
-	return st->st_sha;
 }
 
 static int
@@ -451,6 +645,7 @@ store_configure(struct store *st, const struct config *c)
 	    st->st_database != c->redis_database;
 
 	st->st_connect_timeout_us = c->redis_connect_timeout_us;
+	st->st_max_batch = c->redis_max_batch;
 	st->st_stall_us = c->redis_timeout_us * 4;
 	if (st->st_stall_us < STORE_STALL_MIN_US)
 		st->st_stall_us = STORE_STALL_MIN_US;
@@ -484,6 +679,9 @@ store_new(struct event_base *base, const struct config *config,
 	st->st_retry_ev = evtimer_new(base, on_retry, st);
 	st->st_handshake_ev = evtimer_new(base, on_handshake_timeout, st);
 	st->st_drop_ev = event_new(base, -1, 0, on_drop, st);
+	/* The default priority, that of client and Redis I/O: activated during
+	 * an iteration's I/O, it runs after all of it. */
+	st->st_flush_ev = event_new(base, -1, 0, on_flush, st);
 	st->st_watchdog_ev = event_new(base, -1, EV_PERSIST, on_watchdog, st);
 	event_add(st->st_watchdog_ev, &wd);
 	set_state(st, STORE_DOWN);
@@ -503,6 +701,10 @@ store_free(struct store *st)
 		redisAsyncFree(ac);
 	}
 	set_state(st, STORE_DOWN);
+	/* Sent batches have had their callbacks; nothing may be queued. */
+	batch_free_all(st);
+	limiter_command_free(&st->st_cmd);
+	event_free(st->st_flush_ev);
 	event_free(st->st_retry_ev);
 	event_free(st->st_handshake_ev);
 	event_free(st->st_drop_ev);

@@ -1,8 +1,9 @@
 /*
  * The Redis link of one worker: every hiredis call lives here (STYLE 12/13).
  * An explicit state machine (DOWN, CONNECTING, UP) with capped exponential
- * backoff, our own connect and stall deadlines (hiredis 0.14 has none), and
- * the limits script loaded once per connection.
+ * backoff, our own connect and stall deadlines (hiredis 0.14 has none), the
+ * limits script loaded once per connection, and checks batched into script
+ * calls.
  */
 #ifndef STORE_H
 #define STORE_H
@@ -12,7 +13,7 @@
 struct event_base;
 struct config;
 struct metrics;
-struct limiter_command;
+struct limit_set;
 
 enum store_state { STORE_DOWN, STORE_CONNECTING, STORE_UP };
 
@@ -32,11 +33,26 @@ struct store_result {
 
 typedef void (*store_cb)(void *arg, const struct store_result *result);
 
-/* One outstanding call; owned by the caller until its callback has run. */
+/*
+ * One check handed to the store, owned by the caller. The caller fills in
+ * what to check; what those fields point to must stay valid until the call
+ * is sent, at the end of the loop iteration, or cancelled. Every call queued
+ * in one iteration goes to Redis in as few script calls as redis.max_batch
+ * allows, in arrival order.
+ */
 struct store_call {
-	struct store	*sc_store;
-	store_cb	 sc_cb;
-	void		*sc_arg;
+	const char		*sc_key_prefix;
+	const char		*sc_route;
+	const char		*sc_client;	/* encoded */
+	const struct limit_set	*sc_set;
+	long long		 sc_cost;
+
+	/* the store's */
+	struct store		*sc_store;
+	store_cb		 sc_cb;
+	void			*sc_arg;
+	struct store_call	*sc_next, *sc_prev; /* the send queue */
+	int			 sc_queued;
 };
 
 struct store;
@@ -47,12 +63,14 @@ struct store *store_new(struct event_base *base, const struct config *config,
 void store_configure(struct store *st, const struct config *config);
 enum store_state store_state(const struct store *st);
 const char *store_state_name(enum store_state state);
-/* The SHA1 of the limits script, for EVALSHA. */
-const char *store_script_sha(const struct store *st);
-/* Sends cmd; the callback runs exactly once, unless -1 is returned (not up,
- * or the link refused the command), in which case it never runs. */
-int store_eval(struct store *st, struct limiter_command *cmd,
-    struct store_call *call, store_cb cb, void *arg);
+/* Queues the call; the callback runs exactly once (with the reply, or a
+ * failure), unless -1 is returned (the link is not up) or the call is
+ * cancelled while still queued. */
+int store_eval(struct store *st, struct store_call *call, store_cb cb,
+    void *arg);
+/* Takes back a call that has not been sent yet: 1, and its callback will
+ * never run; 0 when it is already with Redis (its callback will run). */
+int store_cancel(struct store_call *call);
 /* Closes the link; pending calls get STORE_DISCONNECTED. */
 void store_free(struct store *st);
 

@@ -142,7 +142,6 @@ worker_main(void *arg)
 	store_free(w->w_store);
 	server_free(w->w_server);
 	check_pool_free(w);
-	limiter_command_free(&w->w_cmd);
 	event_free(w->w_config_ev);
 	event_free(w->w_drain_ev);
 	event_free(w->w_drain_timer_ev);

@@ -37,7 +37,6 @@ struct worker {
 	size_t			 w_nfree_checks;
 	struct check		*w_active;	/* in flight, for drain */
 	size_t			 w_nactive;
-	struct limiter_command	 w_cmd;		/* reused for every call */
 };
 
 struct worker *worker_new(int id, int listen_fd, struct config *config);

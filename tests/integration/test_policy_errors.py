@@ -245,6 +245,9 @@ def _cases():
     add("bad_listen_port", {2: "  listen: 127.0.0.1:99999"}, 2, "127.0.0.1:99999")
     add("bad_listen_no_port", {2: "  listen: '127.0.0.1:'"}, 2, "'127.0.0.1:'")
     add("bad_redis_address", {5: "  address: 127.0.0.1:notaport"}, 5, "127.0.0.1:notaport")
+    add("bad_max_batch_zero", {6: "  max_batch: 0"}, 6, "0", "max_batch")
+    add("bad_max_batch_big", {6: "  max_batch: 1001"}, 6, "1001", "max_batch")
+    add("bad_max_batch_word", {6: "  max_batch: many"}, 6, "many", "max_batch")
     add("duplicate_route_name", {16: "  - name: api"}, 16, "api", "api", cols=[5])
     add("empty_limits_flow", {19: "    limits: []"}, 19, "[]", "limits", cols=[5],
         delete=(20, 21, 22, 23))

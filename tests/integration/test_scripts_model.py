@@ -49,17 +49,6 @@ def random_limit(rng, alg):
     return (alg, rng.randint(1, 6), n, period)
 
 
-def units(limit):
-    """Characteristic durations (us) of a limit, for choosing time steps."""
-    alg, a, b, c = limit
-    if alg in ("fixed_window", "sliding_window_log"):
-        return [b]
-    if alg == "sliding_window_counter":
-        return [b, c]
-    t_lo, t_hi = c // b, -(-c // b)          # emission interval, rounded
-    return sorted({t_lo, t_hi, a * c // b})
-
-
 class Harness:
     def __init__(self, r):
         self.r = r
@@ -92,7 +81,7 @@ class Harness:
     def run(self, rng, limits, n_calls, tag):
         keys = ["rl:{m%s:c}:l%d:%s" % (tag, i, lim[0]) for i, lim in enumerate(limits)]
         ms = [models.make(lim) for lim in limits]
-        us = sorted({u for lim in limits for u in units(lim) if u > 0})
+        us = sorted({u for lim in limits for u in models.units(lim) if u > 0})
         t = BASE + rng.randrange(0, 10 ** 9)
         if rng.random() < 0.3:
             t = t // us[-1] * us[-1]             # start on a boundary

@@ -53,16 +53,47 @@ class Limits:
         self.sha = r.script_load(build_script())
 
     @staticmethod
-    def args(now_us, cost, limits):
-        argv = [str(now_us), str(cost)]
+    def check_args(cost, limits):
+        """One check's part of ARGV: cost, limit count, then per limit the
+        algorithm and a, b, c."""
+        argv = [str(cost), str(len(limits))]
         for alg, a, b, c in limits:
             argv += [alg, str(a), str(b), str(c)]
         return argv
+
+    @staticmethod
+    def args(now_us, cost, limits):
+        """ARGV of a call that carries one check."""
+        return [str(now_us)] + Limits.check_args(cost, limits)
+
+    @staticmethod
+    def batch_args(now_us, checks):
+        """KEYS and ARGV of a call that carries several checks, each given
+        as (keys, limits, cost), decided in that order."""
+        keys, argv = [], [str(now_us)]
+        for ck_keys, limits, cost in checks:
+            assert len(ck_keys) == len(limits)
+            keys += ck_keys
+            argv += Limits.check_args(cost, limits)
+        return keys, argv
 
     def call(self, keys, limits, now_us, cost=1):
         assert len(keys) == len(limits)
         return [int(x) for x in self.r.evalsha(
             self.sha, len(keys), *keys, *self.args(now_us, cost, limits))]
+
+    def call_batch(self, checks, now_us):
+        """Runs several checks in one call; returns one reply list per
+        check, sliced as the daemon slices them (2 + 5 per limit)."""
+        keys, argv = self.batch_args(now_us, checks)
+        flat = [int(x) for x in self.r.evalsha(self.sha, len(keys), *keys, *argv)]
+        out, i = [], 0
+        for _, limits, _ in checks:
+            n = 2 + 5 * len(limits)
+            out.append(flat[i:i + n])
+            i += n
+        assert i == len(flat), (i, len(flat))
+        return out
 
 
 def build_probe_script():

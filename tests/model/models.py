@@ -283,6 +283,19 @@ def decide(m, t, cost):
     return Decision(allowed, m.left(t), reset, retry, m.delay(t) if allowed else 0)
 
 
+def units(limit):
+    """Characteristic durations (us) of a limit (algorithm, a, b, c) as the
+    daemon passes it: windows, precisions, emission intervals rounded both
+    ways, full refill. Tests pick time steps from these."""
+    alg, a, b, c = limit
+    if alg in ("fixed_window", "sliding_window_log"):
+        return [b]
+    if alg == "sliding_window_counter":
+        return [b, c]
+    t_lo, t_hi = c // b, -(-c // b)          # emission interval, rounded
+    return sorted({t_lo, t_hi, a * c // b})
+
+
 def route_call(models, t, cost):
     """One script call over all the limits of a route: allowed only if every
     limit allows, and then every limit is charged; otherwise none is.

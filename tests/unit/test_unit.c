@@ -442,12 +442,39 @@ test_encode_and_build(void)
 
 	limiter_build(&cmd, "0123456789012345678901234567890123456789", "rl:", "api",
 	    "k1", &set, 3);
-	CHECK(cmd.argc == 3 + 2 + 2 + 8);
+	/* EVALSHA sha 2 key key 0 cost n alg a b c alg a b c */
+	CHECK(cmd.argc == 3 + 2 + 3 + 8);
+	CHECK(cmd.argvlen[2] == 1 && cmd.argv[2][0] == '2');
 	CHECK(cmd.argvlen[3] == strlen("rl:{api:k1}:burst:token_bucket") &&
 	    memcmp(cmd.argv[3], "rl:{api:k1}:burst:token_bucket", cmd.argvlen[3]) == 0);
 	CHECK(memcmp(cmd.argv[4], "rl:{api:k1}:hourly:fixed_window", cmd.argvlen[4]) == 0);
+	CHECK(cmd.argvlen[5] == 1 && cmd.argv[5][0] == '0');
 	CHECK(cmd.argvlen[6] == 1 && cmd.argv[6][0] == '3');
-	CHECK(memcmp(cmd.argv[9], "10", 2) == 0 && memcmp(cmd.argv[10], "1000000", 7) == 0);
+	CHECK(cmd.argvlen[7] == 1 && cmd.argv[7][0] == '2');
+	CHECK(memcmp(cmd.argv[10], "10", 2) == 0 && memcmp(cmd.argv[11], "1000000", 7) == 0);
+
+	/* A batch: every check's keys first, then the time, then each
+	 * check's cost, count and limits, in the order added. Enough checks
+	 * to make every staging array and the buffer grow. */
+	limiter_reset(&cmd);
+	for (int i = 0; i < 300; i++) {
+		char client[16];
+
+		snprintf(client, sizeof(client), "c%d", i);
+		limiter_add(&cmd, "rl:", "api", client, &set, i + 1);
+	}
+	limiter_finish(&cmd, "0123456789012345678901234567890123456789");
+	CHECK(cmd.nchecks == 300);
+	CHECK(cmd.argc == 3 + 600 + 1 + 300 * 10);
+	CHECK(cmd.argvlen[2] == 3 && memcmp(cmd.argv[2], "600", 3) == 0);
+	CHECK(cmd.argvlen[0] == 7 && memcmp(cmd.argv[0], "EVALSHA", 7) == 0);
+	CHECK(cmd.argvlen[1] == 40 && cmd.argv[1][39] == '9');
+	CHECK(memcmp(cmd.argv[3 + 599], "rl:{api:c299}:hourly:fixed_window",
+	    cmd.argvlen[3 + 599]) == 0);
+	CHECK(cmd.argvlen[603] == 1 && cmd.argv[603][0] == '0');
+	CHECK(cmd.argvlen[604 + 10 * 299] == 3 &&
+	    memcmp(cmd.argv[604 + 10 * 299], "300", 3) == 0);
+	CHECK(memcmp(cmd.argv[604 + 10 * 299 + 2], "token_bucket", 12) == 0);
 	limiter_command_free(&cmd);
 }
 
