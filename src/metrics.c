@@ -21,6 +21,10 @@ static const double metrics_buckets[] = {
 };
 #define NBUCKETS (sizeof(metrics_buckets) / sizeof(metrics_buckets[0]))
 
+/* Checks per script call: powers of two up to the largest max_batch. */
+static const unsigned batch_buckets[] = { 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000 };
+#define NBATCH (sizeof(batch_buckets) / sizeof(batch_buckets[0]))
+
 typedef atomic_ullong counter_t;
 
 struct metrics {
@@ -29,6 +33,8 @@ struct metrics {
 	counter_t	 buckets[NBUCKETS + 1];	/* last is +Inf */
 	counter_t	 duration_ns_sum;
 	counter_t	 redis_errors[REDIS_ERROR_COUNT];
+	counter_t	 batch[NBATCH + 1];	/* last is +Inf */
+	counter_t	 batch_sum;
 	atomic_int	 connected;
 	atomic_llong	 in_flight;
 };
@@ -114,6 +120,17 @@ metrics_redis_error(struct metrics *m, enum redis_error_kind kind)
 }
 
 void
+metrics_redis_call(struct metrics *m, size_t checks)
+{
+	size_t b = 0;
+
+	while (b < NBATCH && checks > batch_buckets[b])
+		b++;
+	bump(&m->batch[b], 1);
+	bump(&m->batch_sum, checks);
+}
+
+void
 metrics_set_connected(struct metrics *m, int connected)
 {
 	atomic_store_explicit(&m->connected, connected, memory_order_relaxed);
@@ -143,6 +160,7 @@ metrics_render(struct evbuffer *out)
 {
 	unsigned long long total, cum = 0, sum_ns = 0, errors[REDIS_ERROR_COUNT] = { 0 };
 	unsigned long long buckets[NBUCKETS + 1] = { 0 };
+	unsigned long long batch[NBATCH + 1] = { 0 }, batch_sum = 0;
 	long long in_flight = 0;
 	int connected = 0, nworkers = 0;
 	unsigned n = atomic_load(&metrics_nnames);
@@ -170,6 +188,9 @@ metrics_render(struct evbuffer *out)
 		sum_ns += load(&m->duration_ns_sum);
 		for (int k = 0; k < REDIS_ERROR_COUNT; k++)
 			errors[k] += load(&m->redis_errors[k]);
+		for (size_t b = 0; b <= NBATCH; b++)
+			batch[b] += load(&m->batch[b]);
+		batch_sum += load(&m->batch_sum);
 		connected += atomic_load_explicit(&m->connected, memory_order_relaxed);
 		in_flight += atomic_load_explicit(&m->in_flight, memory_order_relaxed);
 		nworkers++;
@@ -196,6 +217,20 @@ metrics_render(struct evbuffer *out)
 	for (int k = 0; k < REDIS_ERROR_COUNT; k++)
 		evbuffer_add_printf(out, "ratelimitd_redis_errors_total{kind=\"%s\"} %llu\n",
 		    error_names[k], errors[k]);
+	evbuffer_add_printf(out,
+	    "# HELP ratelimitd_redis_batch_size Checks carried by each script call sent to Redis.\n"
+	    "# TYPE ratelimitd_redis_batch_size histogram\n");
+	cum = 0;
+	for (size_t b = 0; b < NBATCH; b++) {
+		cum += batch[b];
+		evbuffer_add_printf(out, "ratelimitd_redis_batch_size_bucket"
+		    "{le=\"%u\"} %llu\n", batch_buckets[b], cum);
+	}
+	cum += batch[NBATCH];
+	evbuffer_add_printf(out,
+	    "ratelimitd_redis_batch_size_bucket{le=\"+Inf\"} %llu\n"
+	    "ratelimitd_redis_batch_size_sum %llu\n"
+	    "ratelimitd_redis_batch_size_count %llu\n", cum, batch_sum, cum);
 	evbuffer_add_printf(out,
 	    "# HELP ratelimitd_redis_connected 1 when every worker's Redis link is up.\n"
 	    "# TYPE ratelimitd_redis_connected gauge\n"

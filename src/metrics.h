@@ -6,6 +6,7 @@
 #ifndef METRICS_H
 #define METRICS_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct evbuffer;
@@ -30,6 +31,8 @@ unsigned metrics_route_id(const char *name);
 void metrics_check(struct metrics *m, unsigned route_id, enum check_result r,
     uint64_t duration_ns);
 void metrics_redis_error(struct metrics *m, enum redis_error_kind kind);
+/* A script call carrying `checks` checks was sent. */
+void metrics_redis_call(struct metrics *m, size_t checks);
 void metrics_set_connected(struct metrics *m, int connected);
 void metrics_in_flight(struct metrics *m, int delta);
 void metrics_reload(int ok);

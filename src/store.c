@@ -560,6 +560,7 @@ on_flush(evutil_socket_t fd, short what, void *arg)
 		if (st->st_inflight == 0)
 			st->st_progress_us = now_us();
 		st->st_inflight += b->sb_n;
+		metrics_redis_call(st->st_metrics, b->sb_n);
 		sent = 1;
 	}
 	/* Write now rather than on the next loop iteration's EV_WRITE: one

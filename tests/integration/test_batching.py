@@ -92,13 +92,31 @@ def test_one_iteration_goes_out_in_few_calls_and_stays_exact(start_daemon, redis
     assert int(r.hget("rl:{q:hot}:hourly:fixed_window", "n")) == 50
 
 
+def batch_histogram(d):
+    """ratelimitd_redis_batch_size from /metrics: ({le: count}, sum, count)."""
+    text = requests.get(d.url("/metrics"), timeout=5).text
+    buckets = {m.group(1): int(m.group(2)) for m in re.finditer(
+        r'^ratelimitd_redis_batch_size_bucket\{le="([^"]+)"\} (\d+)$', text, re.M)}
+    total = int(re.search(r"^ratelimitd_redis_batch_size_sum (\d+)$", text, re.M).group(1))
+    count = int(re.search(r"^ratelimitd_redis_batch_size_count (\d+)$", text, re.M).group(1))
+    return buckets, total, count
+
+
 def test_max_batch_bounds_every_call(start_daemon, redis_server):
     d = start_daemon(pol(max_batch=5))
     r = redis_server.client()
     before = evalsha_calls(r)
+    _, sum0, count0 = batch_histogram(d)
     res = burst(d, ["k%d" % i for i in range(40)])
     assert all(s == 200 for s, _ in res), res
-    assert evalsha_calls(r) - before >= 40 // 5
+    calls = evalsha_calls(r) - before
+    assert calls >= 40 // 5
+    # The daemon's own account agrees with Redis's: as many calls as
+    # Redis ran, 40 checks in them, none above 5.
+    buckets, total, count = batch_histogram(d)
+    assert count - count0 == calls
+    assert total - sum0 == 40
+    assert buckets["4"] < count and buckets["8"] == count == buckets["+Inf"], buckets
 
 
 def test_max_batch_one_is_one_call_per_check(start_daemon, redis_server):
