@@ -39,6 +39,7 @@
 #include "limiter.h"
 #include "log.h"
 #include "metrics.h"
+#include "replypool.h"
 #include "script.h"
 #include "store.h"
 #include "xmalloc.h"
@@ -294,6 +295,7 @@ store_connect(struct store *st)
 		return;
 	}
 	ac->data = st;
+	ac->c.reader->fn = &replypool_functions;
 	st->st_ac = ac;
 	st->st_tcp_up = 0;
 	st->st_script_loading = 0;
@@ -704,6 +706,7 @@ store_free(struct store *st)
 	set_state(st, STORE_DOWN);
 	/* Sent batches have had their callbacks; nothing may be queued. */
 	batch_free_all(st);
+	replypool_thread_free();	/* this worker's last context is gone */
 	limiter_command_free(&st->st_cmd);
 	event_free(st->st_flush_ev);
 	event_free(st->st_retry_ev);

@@ -82,7 +82,8 @@ class Daemon:
     """The real ratelimitd. `policy` is YAML text with {port} and {redis_port}
     placeholders (use {{ }} for literal braces)."""
 
-    def __init__(self, tmpdir, redis_port, policy, port=None, env=None, args=()):
+    def __init__(self, tmpdir, redis_port, policy, port=None, env=None, args=(), bin=None):
+        self.bin = bin or BIN
         self.dir = str(tmpdir)
         self.port = port or free_port()
         self.redis_port = redis_port
@@ -102,7 +103,7 @@ class Daemon:
 
     def start(self, wait_ready=True):
         self.logf = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([BIN, "-c", self.policy_path] + self.args,
+        self.proc = subprocess.Popen([self.bin, "-c", self.policy_path] + self.args,
                                      stdout=self.logf, stderr=self.logf, env=self.env)
         assert wait_until(lambda: requests.get(self.url("/healthz"), timeout=1).ok,
                           timeout=10), "daemon did not start:\n" + self.log()
