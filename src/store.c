@@ -3,8 +3,8 @@
  * time, so three libevent timers do that work: the reconnect timer (capped
  * exponential backoff, so a dead Redis costs one connect attempt per backoff
  * step, never one per request), the handshake deadline (TCP connect, AUTH,
- * SELECT and SCRIPT LOAD must all finish within redis.connect_timeout, or the
- * attempt is dropped: a paused Redis accepts TCP connections but never
+ * SELECT, INFO cluster and SCRIPT LOAD must all finish within
+ * redis.connect_timeout, or the attempt is dropped: a paused Redis accepts TCP connections but never
  * answers), and the stall watchdog (a link that has had calls outstanding
  * and no reply for STORE_STALL_MIN_US or 4x redis.timeout is dropped, which
  * fails its pending calls and starts reconnecting).
