@@ -24,9 +24,10 @@ all-or-nothing over its own limits. This file proves it three ways:
   * Fixed examples with exact numbers: 60 checks on one fixed window of 50
     in one batch, and a 3-limit route where one limit (each algorithm in
     turn) denies and nothing is charged anywhere.
-  * Malformed batches (wrong limit counts, more KEYS than limits, bad costs,
-    unknown algorithms) answer a Redis error, never a reply, and Redis stays
-    up.
+  * Malformed batches (wrong limit counts, more KEYS than limits, bad costs
+    or limit parameters, unknown algorithms, in the first check or a later
+    one) answer a Redis error, never a reply, write nothing, and Redis
+    stays up.
 
 Expiry: the scripts PEXPIRE relative to the forced time, but Redis expires on
 the real clock. Long-lived parameters (windows >= 1 s, refill times >= 1/3 s)
