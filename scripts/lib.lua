@@ -15,9 +15,12 @@
 --   commit(key, now, cost, r, a, b, c)
 --     Writes the charged state, with an expiry no longer than it matters.
 --
--- Numbers that leave Lua for Redis go through fmt_int: redis.call
--- formats a bare Lua number with "%.14g", which would truncate microsecond
--- timestamps (16 digits).
+-- Numbers that become part of a string go through fmt_int: Lua's own
+-- number-to-string conversion (tostring, `..`) uses "%.14g", which would
+-- truncate microsecond timestamps (16 digits). (redis.call formats a bare
+-- number argument with "%.17g" on Redis 7.0, exact for these integers; the
+-- scripts pass fmt_int strings there too, so every stored number has one
+-- form whatever the Redis version.)
 
 local ALGORITHMS = {}
 
