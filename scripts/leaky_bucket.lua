@@ -8,43 +8,14 @@
 -- ignores it (delay: false, policing).
 -- State: one string, the time the queue will be empty ("empty_at"), stored
 -- exactly (see rat_encode); the queue length at `now` is
--- (empty_at - now) * rate. Time is computed in integer units of 1/den us,
--- where one request drains in `per` units.
+-- (empty_at - now) * rate.
 if USED.leaky_bucket then ALGORITHMS.leaky_bucket = {
+  -- gcra's computation (meter_check in lib.lua), plus the delay: the time
+  -- the queue ahead of an admitted request takes to drain.
   check = function(key, now, cost, burst, n, period)
-    local g = gcd(n, period)
-    local per, den = period / g, n / g
-    local cap = burst * per            -- a full queue, drained in burst/rate
-    local q = 0                        -- queue before this request (drain time)
-    local s = redis.call('GET', key)
-    if s then
-      q = rat_decode(s, now, den, true)
-      if q < 0 then q = 0 end
-    end
-    local after = q + cost * per
-    local allowed = after <= cap
-    local retry = 0
-    if not allowed then
-      if cost > burst then
-        retry = math.ceil(q / den) + math.ceil(cap / den)  -- never passes; a hint
-      else
-        retry = math.ceil((after - cap) / den)              -- until it fits
-      end
-    end
-    return {
-      allowed = allowed,
-      remaining = math.floor((cap - q) / per),
-      remaining_after = math.floor((cap - after) / per),
-      reset = math.ceil(q / den),
-      reset_after = math.ceil(after / den),
-      retry = retry,
-      delay = math.ceil(q / den),
-      empty_at = after,
-      den = den,
-    }
+    local r = meter_check(key, now, cost, burst, n, period)
+    r.delay = r.reset
+    return r
   end,
-  commit = function(key, now, cost, r)
-    redis.call('SET', key, rat_encode(now, r.empty_at, r.den),
-               'PX', fmt_int(math.max(1, us_to_ms_ceil(r.reset_after))))
-  end,
+  commit = meter_commit,
 } end

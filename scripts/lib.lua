@@ -133,3 +133,48 @@ local function rat_encode(origin, x, den)
   if r == 0 then return fmt_int(origin + whole) end
   return fmt_int(origin + whole) .. '+' .. fmt_int(r) .. '/' .. fmt_int(den)
 end
+
+-- The meter shared by gcra and leaky_bucket, which are one computation: a
+-- single exact timestamp per key, the time the meter is empty again (gcra's
+-- TAT, the leaky bucket's empty_at), in integer units of 1/den us, where one
+-- request is `per` units. A request of cost c is admitted iff
+--   max(stored, now) + c*per - now <= burst * per
+-- so a fresh client gets exactly `burst` at once. The result's delay is 0;
+-- leaky_bucket sets its own.
+local function meter_check(key, now, cost, burst, n, period)
+  local g = gcd(n, period)
+  local per, den = period / g, n / g
+  local cap = burst * per              -- a full meter, empty after burst/rate
+  local d = 0                          -- max(stored - now, 0)
+  local s = redis.call('GET', key)
+  if s then
+    d = rat_decode(s, now, den, true)
+    if d < 0 then d = 0 end
+  end
+  local after = d + cost * per         -- the stored time if admitted, - now
+  local allowed = after <= cap
+  local retry = 0
+  if not allowed then
+    if cost > burst then
+      retry = math.ceil(d / den) + math.ceil(cap / den)  -- never passes; a hint
+    else
+      retry = math.ceil((after - cap) / den)              -- until it fits
+    end
+  end
+  return {
+    allowed = allowed,
+    remaining = math.floor((cap - d) / per),
+    remaining_after = math.floor((cap - after) / per),
+    reset = math.ceil(d / den),
+    reset_after = math.ceil(after / den),
+    retry = retry,
+    delay = 0,
+    empty_after = after,
+    den = den,
+  }
+end
+
+local function meter_commit(key, now, cost, r)
+  redis.call('SET', key, rat_encode(now, r.empty_after, r.den),
+             'PX', fmt_int(math.max(1, us_to_ms_ceil(r.reset_after))))
+end
