@@ -7,6 +7,7 @@
  */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <event2/buffer.h>
@@ -22,7 +23,7 @@ static const double metrics_buckets[] = {
 #define NBUCKETS (sizeof(metrics_buckets) / sizeof(metrics_buckets[0]))
 
 /* Checks per script call: powers of two up to the largest max_batch. */
-static const unsigned batch_buckets[] = { 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000 };
+static const double batch_buckets[] = { 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000 };
 #define NBATCH (sizeof(batch_buckets) / sizeof(batch_buckets[0]))
 
 typedef atomic_ullong counter_t;
@@ -124,7 +125,7 @@ metrics_redis_call(struct metrics *m, size_t checks)
 {
 	size_t b = 0;
 
-	while (b < NBATCH && checks > batch_buckets[b])
+	while (b < NBATCH && (double)checks > batch_buckets[b])
 		b++;
 	bump(&m->batch[b], 1);
 	bump(&m->batch_sum, checks);
@@ -149,6 +150,25 @@ metrics_reload(int ok)
 	atomic_fetch_add(&metrics_reloads[ok ? 0 : 1], 1);
 }
 
+/* One Prometheus histogram: per-bucket counts (the last is +Inf) made
+ * cumulative, then _sum (already formatted) and _count. */
+static void
+render_histogram(struct evbuffer *out, const char *name, const char *help,
+    const double *bounds, size_t nbounds, const unsigned long long *counts,
+    const char *sum)
+{
+	unsigned long long cum = 0;
+
+	evbuffer_add_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+	for (size_t b = 0; b < nbounds; b++) {
+		cum += counts[b];
+		evbuffer_add_printf(out, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[b], cum);
+	}
+	cum += counts[nbounds];
+	evbuffer_add_printf(out, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %s\n%s_count %llu\n",
+	    name, cum, name, sum, name, cum);
+}
+
 static unsigned long long
 load(counter_t *c)
 {
@@ -158,7 +178,8 @@ load(counter_t *c)
 void
 metrics_render(struct evbuffer *out)
 {
-	unsigned long long total, cum = 0, sum_ns = 0, errors[REDIS_ERROR_COUNT] = { 0 };
+	unsigned long long total, sum_ns = 0, errors[REDIS_ERROR_COUNT] = { 0 };
+	char sum[32];
 	unsigned long long buckets[NBUCKETS + 1] = { 0 };
 	unsigned long long batch[NBATCH + 1] = { 0 }, batch_sum = 0;
 	long long in_flight = 0;
@@ -197,40 +218,20 @@ metrics_render(struct evbuffer *out)
 	}
 	pthread_mutex_unlock(&metrics_lock);
 
-	evbuffer_add_printf(out,
-	    "# HELP ratelimitd_check_duration_seconds Time from a check's arrival to its reply.\n"
-	    "# TYPE ratelimitd_check_duration_seconds histogram\n");
-	for (size_t b = 0; b < NBUCKETS; b++) {
-		cum += buckets[b];
-		evbuffer_add_printf(out, "ratelimitd_check_duration_seconds_bucket"
-		    "{le=\"%g\"} %llu\n", metrics_buckets[b], cum);
-	}
-	cum += buckets[NBUCKETS];
-	evbuffer_add_printf(out,
-	    "ratelimitd_check_duration_seconds_bucket{le=\"+Inf\"} %llu\n"
-	    "ratelimitd_check_duration_seconds_sum %.9f\n"
-	    "ratelimitd_check_duration_seconds_count %llu\n",
-	    cum, (double)sum_ns / 1e9, cum);
+	snprintf(sum, sizeof(sum), "%.9f", (double)sum_ns / 1e9);
+	render_histogram(out, "ratelimitd_check_duration_seconds",
+	    "Time from a check's arrival to its reply.", metrics_buckets, NBUCKETS,
+	    buckets, sum);
 	evbuffer_add_printf(out,
 	    "# HELP ratelimitd_redis_errors_total Redis failures seen by checks, by kind.\n"
 	    "# TYPE ratelimitd_redis_errors_total counter\n");
 	for (int k = 0; k < REDIS_ERROR_COUNT; k++)
 		evbuffer_add_printf(out, "ratelimitd_redis_errors_total{kind=\"%s\"} %llu\n",
 		    error_names[k], errors[k]);
-	evbuffer_add_printf(out,
-	    "# HELP ratelimitd_redis_batch_size Checks carried by each script call sent to Redis.\n"
-	    "# TYPE ratelimitd_redis_batch_size histogram\n");
-	cum = 0;
-	for (size_t b = 0; b < NBATCH; b++) {
-		cum += batch[b];
-		evbuffer_add_printf(out, "ratelimitd_redis_batch_size_bucket"
-		    "{le=\"%u\"} %llu\n", batch_buckets[b], cum);
-	}
-	cum += batch[NBATCH];
-	evbuffer_add_printf(out,
-	    "ratelimitd_redis_batch_size_bucket{le=\"+Inf\"} %llu\n"
-	    "ratelimitd_redis_batch_size_sum %llu\n"
-	    "ratelimitd_redis_batch_size_count %llu\n", cum, batch_sum, cum);
+	snprintf(sum, sizeof(sum), "%llu", batch_sum);
+	render_histogram(out, "ratelimitd_redis_batch_size",
+	    "Checks carried by each script call sent to Redis.", batch_buckets,
+	    NBATCH, batch, sum);
 	evbuffer_add_printf(out,
 	    "# HELP ratelimitd_redis_connected 1 when every worker's Redis link is up.\n"
 	    "# TYPE ratelimitd_redis_connected gauge\n"
