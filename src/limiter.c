@@ -11,11 +11,11 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "fmt.h"
 #include "limiter.h"
 #include "sha256.h"
 #include "xmalloc.h"
 
-#define NUM_MAX 24	/* a formatted long long */
 
 size_t
 limiter_encode_client(const char *key, size_t len, char *out)
@@ -88,32 +88,10 @@ push_arg(struct limiter_command *cmd, const char *s, size_t len)
 	put(cmd, s, len);
 }
 
-/* Formats v in decimal into out (NUM_MAX bytes, NUL-terminated); returns
- * the length. printf's machinery was a visible share of the hot path's CPU,
- * for up to ten numbers per check. */
-static size_t
-fmt_ll(char *out, long long v)
-{
-	char tmp[NUM_MAX];
-	unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
-	size_t n = 0, len = 0;
-
-	do {
-		tmp[n++] = (char)('0' + u % 10);
-		u /= 10;
-	} while (u);
-	if (v < 0)
-		out[len++] = '-';
-	while (n)
-		out[len++] = tmp[--n];
-	out[len] = '\0';
-	return len;
-}
-
 static void
 push_num(struct limiter_command *cmd, long long v)
 {
-	char tmp[NUM_MAX];
+	char tmp[FMT_LL_MAX];
 
 	push_arg(cmd, tmp, fmt_ll(tmp, v));
 }
@@ -178,7 +156,7 @@ void
 limiter_finish(struct limiter_command *cmd, const char *sha)
 {
 	size_t argc = 3 + cmd->nkeys + cmd->nargs, a = 0;
-	char numkeys[NUM_MAX];
+	char numkeys[FMT_LL_MAX];
 	size_t nklen = fmt_ll(numkeys, (long long)cmd->nkeys);
 	size_t shalen = strlen(sha), off;
 
@@ -210,16 +188,6 @@ limiter_finish(struct limiter_command *cmd, const char *sha)
 		cmd->argvlen[a++] = cmd->args[i].len;
 	}
 	cmd->argc = (int)argc;
-}
-
-void
-limiter_build(struct limiter_command *cmd, const char *sha,
-    const char *key_prefix, const char *route, const char *client,
-    const struct limit_set *set, long long cost)
-{
-	limiter_reset(cmd);
-	limiter_add(cmd, key_prefix, route, client, set, cost);
-	limiter_finish(cmd, sha);
 }
 
 void

@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "config.h"
+#include "fmt.h"
 
 /* An encoded client key: 256 bytes percent-encoded, or '#' + 64 hex. */
 #define LIMITER_CLIENT_MAX	(CONFIG_KEY_RAW_MAX * 3 + 1)
@@ -56,10 +57,10 @@ struct verdict {
 
 /* Header values of a reply; empty strings are not sent. */
 struct limiter_headers {
-	char	limit[24];
-	char	remaining[24];
-	char	reset[24];
-	char	retry_after[24];
+	char	limit[FMT_LL_MAX];
+	char	remaining[FMT_LL_MAX];
+	char	reset[FMT_LL_MAX];
+	char	retry_after[FMT_LL_MAX];
 	char	policy[LIMITER_IETF_MAX];	/* IETF RateLimit-Policy */
 	char	ratelimit[LIMITER_IETF_MAX];	/* IETF RateLimit */
 };
@@ -76,10 +77,6 @@ void limiter_add(struct limiter_command *cmd, const char *key_prefix,
     long long cost);
 /* Lays out argv: EVALSHA sha numkeys KEYS... 0 ARGV... */
 void limiter_finish(struct limiter_command *cmd, const char *sha);
-/* A batch of one: reset, add, finish. */
-void limiter_build(struct limiter_command *cmd, const char *sha,
-    const char *key_prefix, const char *route, const char *client,
-    const struct limit_set *set, long long cost);
 void limiter_command_free(struct limiter_command *cmd);
 
 /* The script's reply to one check: 2 + 5 integers per limit. */

@@ -440,8 +440,9 @@ test_encode_and_build(void)
 	sha256("", 0, d);
 	CHECK(d[0] == 0xe3 && d[31] == 0x55);
 
-	limiter_build(&cmd, "0123456789012345678901234567890123456789", "rl:", "api",
-	    "k1", &set, 3);
+	limiter_reset(&cmd);
+	limiter_add(&cmd, "rl:", "api", "k1", &set, 3);
+	limiter_finish(&cmd, "0123456789012345678901234567890123456789");
 	/* EVALSHA sha 2 key key 0 cost n alg a b c alg a b c */
 	CHECK(cmd.argc == 3 + 2 + 3 + 8);
 	CHECK(cmd.argvlen[2] == 1 && cmd.argv[2][0] == '2');
