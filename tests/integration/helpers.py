@@ -168,6 +168,20 @@ def raw_http(port, data, timeout=3.0, expect=1):
         s.close()
 
 
+def read_until_close(sock):
+    """Everything the peer sends until it closes (or resets) the connection."""
+    data = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
 def status_of(raw):
     """Status code of the first response in raw bytes, or None."""
     if not raw.startswith(b"HTTP/"):

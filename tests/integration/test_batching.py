@@ -23,7 +23,7 @@ import requests
 
 from conftest import free_port, wait_until
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
-from helpers import policy
+from helpers import policy, read_until_close
 
 ROUTES = ("  - name: q\n    match: {prefix: /}\n    key: header:K\n"
           "    limits:\n"
@@ -41,13 +41,11 @@ def evalsha_calls(r):
     return stats["calls"] if stats else 0
 
 
-def burst(d, keys):
-    """Sends one /check per key, each on its own connection, all while the
-    daemon is stopped; returns [(status, remaining)] in key order."""
-    socks = []
-    for _ in keys:
-        s = socket.create_connection(("127.0.0.1", d.port), timeout=10)
-        socks.append(s)
+def send_while_stopped(d, keys, also=None):
+    """Opens one connection per key, stops the daemon, writes one /check per
+    key (and calls `also`, still stopped), continues it; returns the raw
+    replies in key order."""
+    socks = [socket.create_connection(("127.0.0.1", d.port), timeout=10) for _ in keys]
     # Let the daemon accept every connection before it is stopped.
     time.sleep(0.3)
     d.signal(signal.SIGSTOP)
@@ -55,17 +53,21 @@ def burst(d, keys):
         for s, k in zip(socks, keys):
             s.sendall(("GET /check HTTP/1.1\r\nHost: x\r\nX-Original-URI: /a\r\n"
                        "K: %s\r\nConnection: close\r\n\r\n" % k).encode())
+        if also:
+            also()
     finally:
         d.signal(signal.SIGCONT)
     out = []
     for s in socks:
-        data = b""
-        while True:
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        out.append(read_until_close(s))
         s.close()
+    return out
+
+
+def burst(d, keys):
+    """send_while_stopped, read as [(status, remaining)] in key order."""
+    out = []
+    for data in send_while_stopped(d, keys):
         head = data.split(b"\r\n\r\n", 1)[0].decode()
         status = int(head.split(" ", 2)[1])
         m = re.search(r"(?im)^x-ratelimit-remaining: *(-?\d+)", head)
@@ -184,28 +186,10 @@ def test_sigterm_with_a_burst_queued_answers_all_and_exits_clean(start_daemon, r
     answer and the daemon exits 0 (under ASan, with nothing leaked or
     touched after it was freed)."""
     d = start_daemon(pol())
-    socks = [socket.create_connection(("127.0.0.1", d.port), timeout=10) for _ in range(80)]
-    time.sleep(0.3)
-    d.signal(signal.SIGSTOP)
-    try:
-        for i, s in enumerate(socks):
-            s.sendall(("GET /check HTTP/1.1\r\nHost: x\r\nX-Original-URI: /a\r\n"
-                       "K: d%d\r\nConnection: close\r\n\r\n" % (i % 7)).encode())
-        d.signal(signal.SIGTERM)
-    finally:
-        d.signal(signal.SIGCONT)
+    replies = send_while_stopped(d, ["d%d" % (i % 7) for i in range(80)],
+                                 also=lambda: d.signal(signal.SIGTERM))
     answered = 0
-    for s in socks:
-        data = b""
-        try:
-            while True:
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-        except ConnectionResetError:
-            pass
-        s.close()
+    for data in replies:
         if data:
             status = int(data.split(b" ", 2)[1])
             assert status in (200, 429, 503), data[:200]

@@ -11,6 +11,7 @@ import socket
 import time
 
 from conftest import wait_until
+from helpers import read_until_close
 from ops_helpers import (check, fw, ops_daemon, policy, route, scrape, terminate,  # noqa: F401
                          vcheck, wait_exit)
 
@@ -40,13 +41,7 @@ def raw_check(port, path, headers=b""):
     try:
         s.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" +
                   headers + b"\r\n")
-        buf = b""
-        while True:
-            b = s.recv(65536)
-            if not b:
-                break
-            buf += b
-        return int(buf.split(b" ", 2)[1])
+        return int(read_until_close(s).split(b" ", 2)[1])
     finally:
         s.close()
 

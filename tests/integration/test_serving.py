@@ -7,7 +7,7 @@ import subprocess
 
 from conftest import wait_until
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
-from helpers import BIN, hammer, policy, vcheck
+from helpers import BIN, hammer, policy, read_until_close, vcheck
 
 
 def test_listen_unix_socket(tmp_path, redis_server):
@@ -28,12 +28,7 @@ def test_listen_unix_socket(tmp_path, redis_server):
             s.settimeout(3)
             s.connect(sock)
             s.sendall(req)
-            out = b""
-            while True:
-                b = s.recv(65536)
-                if not b:
-                    break
-                out += b
+            out = read_until_close(s)
             s.close()
             return out
         assert wait_until(lambda: b" 200 " in ask(b"GET /readyz HTTP/1.0\r\n\r\n"), timeout=5)

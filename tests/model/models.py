@@ -63,15 +63,9 @@ class Model:
         return copy.deepcopy(self)
 
 
-class FixedWindow(Model):
-    """A counter per aligned window [k*W, (k+1)*W)."""
-
-    def __init__(self, limit, window):
-        self.quota, self.W = limit, window
-        self.start, self.n = None, 0
-
-    def count(self, t):
-        return self.n if self.start == t // self.W * self.W else 0
+class WindowModel(Model):
+    """The window algorithms: everything follows from count(t), the cost
+    that counts against the limit at t."""
 
     def admits(self, t, cost):
         return self.count(t) + cost <= self.quota
@@ -81,6 +75,17 @@ class FixedWindow(Model):
 
     def empty(self, t):
         return self.count(t) == 0
+
+
+class FixedWindow(WindowModel):
+    """A counter per aligned window [k*W, (k+1)*W)."""
+
+    def __init__(self, limit, window):
+        self.quota, self.W = limit, window
+        self.start, self.n = None, 0
+
+    def count(self, t):
+        return self.n if self.start == t // self.W * self.W else 0
 
     def charge(self, t, cost):
         self.n = self.count(t) + cost
@@ -91,7 +96,7 @@ class FixedWindow(Model):
         return (t // self.W * self.W + self.W - t) + self.W
 
 
-class SlidingWindowLog(Model):
+class SlidingWindowLog(WindowModel):
     """Exact: the times of the admitted requests (one per unit of cost); the
     count at t is how many lie in the window (t - W, t]."""
 
@@ -102,15 +107,6 @@ class SlidingWindowLog(Model):
     def count(self, t):
         return sum(1 for x in self.times if x > t - self.W)
 
-    def admits(self, t, cost):
-        return self.count(t) + cost <= self.quota
-
-    def left(self, t):
-        return self.quota - self.count(t)
-
-    def empty(self, t):
-        return self.count(t) == 0
-
     def charge(self, t, cost):
         self.times.extend([t] * cost)
 
@@ -118,7 +114,7 @@ class SlidingWindowLog(Model):
         return first_true(lambda u: self.empty(t + u)) + self.W
 
 
-class SlidingWindowCounter(Model):
+class SlidingWindowCounter(WindowModel):
     """Buckets of P microseconds ([k*P, (k+1)*P)) holding the cost admitted
     in them. The count at t over the window (t - W, t] takes each bucket for
     the part of its span [s, s+P) that lies after t - W, as if its requests
@@ -136,15 +132,6 @@ class SlidingWindowCounter(Model):
             inside = min(max(s + self.P - (t - self.W), 0), self.P)
             total += n * inside
         return Fraction(total, self.P)
-
-    def admits(self, t, cost):
-        return self.count(t) + cost <= self.quota
-
-    def left(self, t):
-        return self.quota - self.count(t)
-
-    def empty(self, t):
-        return self.count(t) == 0
 
     def charge(self, t, cost):
         s = t // self.P * self.P
