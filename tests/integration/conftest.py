@@ -38,6 +38,15 @@ def wait_until(pred, timeout=5.0, interval=0.02):
     return False
 
 
+def read_log(path):
+    """A process's log file as text ("" before it exists)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 class RedisServer:
     def __init__(self, tmpdir, port=None):
         self.dir = str(tmpdir)
@@ -116,11 +125,7 @@ class Daemon:
         return "http://127.0.0.1:%d%s" % (self.port, path)
 
     def log(self):
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
+        return read_log(self.log_path)
 
     def alive(self):
         return self.proc is not None and self.proc.poll() is None

@@ -28,7 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import requests
 
-from conftest import ROOT, free_port, wait_until
+from conftest import ROOT, free_port, read_log, wait_until
 
 RECIPE = os.path.join(ROOT, "conf", "nginx.conf")
 NGINX = shutil.which("nginx") or next(
@@ -197,11 +197,7 @@ class Nginx:
         return "http://127.0.0.1:%d%s" % (self.port, path)
 
     def log(self):
-        try:
-            with open(self.log_path, "rb") as f:
-                return f.read().decode("utf-8", "replace")
-        except OSError:
-            return ""
+        return read_log(self.log_path)
 
     def stop(self):
         if self.proc is not None and self.proc.poll() is None:
