@@ -38,6 +38,17 @@ def wait_until(pred, timeout=5.0, interval=0.02):
     return False
 
 
+def all_stopped(pid):
+    """Every thread of `pid` has stopped. kill(SIGSTOP) returns before the
+    threads do: each stops itself once it is scheduled, and until then a
+    thread that is running, or woken by a request, may still serve it."""
+    states = []
+    for tid in os.listdir("/proc/%d/task" % pid):
+        with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+            states.append(f.read().rsplit(")", 1)[1].split()[0])
+    return all(st in ("T", "t") for st in states)
+
+
 def read_log(path):
     """A process's log file as text ("" before it exists)."""
     try:
@@ -72,6 +83,7 @@ class RedisServer:
 
     def pause(self):
         os.kill(self.proc.pid, signal.SIGSTOP)
+        assert wait_until(lambda: all_stopped(self.proc.pid)), "redis did not stop"
 
     def resume(self):
         os.kill(self.proc.pid, signal.SIGCONT)

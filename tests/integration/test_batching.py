@@ -16,12 +16,11 @@ import re
 import signal
 import socket
 import subprocess
-import time
 
 import pytest
 import requests
 
-from conftest import free_port, wait_until
+from conftest import all_stopped, free_port, wait_until
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
 from helpers import policy, read_until_close
 
@@ -41,18 +40,46 @@ def evalsha_calls(r):
     return stats["calls"] if stats else 0
 
 
+def tcp_queues(port):
+    """The kernel's view of a listening port, from /proc/net/tcp{,6}:
+    connections waiting in its accept queue, and accepted or queued
+    connections with unread bytes."""
+    accept = unread = 0
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(name).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if int(f[1].rsplit(":", 1)[1], 16) != port:
+                continue
+            rx = int(f[4].split(":")[1], 16)
+            if f[3] == "0A":        # LISTEN: rx_queue is the accept queue
+                accept += rx
+            elif f[3] == "01" and rx > 0:
+                unread += 1
+    return {"accept": accept, "unread": unread}
+
+
 def send_while_stopped(d, keys, also=None):
     """Opens one connection per key, stops the daemon, writes one /check per
     key (and calls `also`, still stopped), continues it; returns the raw
     replies in key order."""
     socks = [socket.create_connection(("127.0.0.1", d.port), timeout=10) for _ in keys]
     # Let the daemon accept every connection before it is stopped.
-    time.sleep(0.3)
+    assert wait_until(lambda: tcp_queues(d.port)["accept"] == 0, timeout=10)
     d.signal(signal.SIGSTOP)
     try:
+        assert wait_until(lambda: all_stopped(d.proc.pid), timeout=10)
         for s, k in zip(socks, keys):
             s.sendall(("GET /check HTTP/1.1\r\nHost: x\r\nX-Original-URI: /a\r\n"
                        "K: %s\r\nConnection: close\r\n\r\n" % k).encode())
+        # sendall returns once the bytes are in our send buffer; only when
+        # they wait in the daemon's receive buffers will its first poll
+        # after SIGCONT see every request at once.
+        assert wait_until(lambda: tcp_queues(d.port)["unread"] >= len(keys), timeout=10), \
+            tcp_queues(d.port)
         if also:
             also()
     finally:
