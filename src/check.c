@@ -23,6 +23,7 @@
 #include "check.h"
 #include "config.h"
 #include "denycache.h"
+#include "fmt.h"
 #include "http.h"
 #include "limiter.h"
 #include "log.h"
@@ -307,14 +308,19 @@ check_finish(struct check *ck, enum check_outcome outcome)
 		if (ck->ck_json)
 			http_reply_json(req, status, verdict_json(ck, allowed, 0));
 		else if (!allowed) {
-			/* The hot denial path: no JSON library, route names are
-			 * [A-Za-z0-9_.-] so nothing needs escaping. */
+			/* The hot denial path: no JSON library and no printf;
+			 * route names are [A-Za-z0-9_.-], at most 64 bytes, so
+			 * nothing needs escaping and it always fits. */
 			char body[160];
-			int n = snprintf(body, sizeof(body), "{\"error\":\"rate_limited\","
-			    "\"route\":\"%s\",\"retry_after\":%s}", route->name,
-			    h.retry_after);
+			size_t n = 0;
 
-			request_reply(req, status, "application/json", body, (size_t)n);
+			fmt_cat(body, sizeof(body), &n, "{\"error\":\"rate_limited\","
+			    "\"route\":\"");
+			fmt_cat(body, sizeof(body), &n, route->name);
+			fmt_cat(body, sizeof(body), &n, "\",\"retry_after\":");
+			fmt_cat(body, sizeof(body), &n, h.retry_after);
+			fmt_cat(body, sizeof(body), &n, "}");
+			request_reply(req, status, "application/json", body, n);
 		}
 		else
 			request_reply(req, status, NULL, NULL, 0);
@@ -519,12 +525,18 @@ check_forward(struct worker *w, struct http_request *req, const char *rest)
 	if (in.method == NULL)
 		in.method = request_method(req);
 	in.host = first_header(req, "X-Forwarded-Host", "Host");
-	request_client_ip(ck->ck_config, req, ip, sizeof(ip));
-	in.ip = ip;
+	in.ip = NULL;
 	in.header = header_lookup;
 	in.header_ctx = req;
 
 	ck->ck_route = policy_match(ck->ck_config, &in);
+	/* Routes match on method, path, host and headers, never the IP:
+	 * resolve it (XFF walk, two address conversions) only for a route
+	 * that keys by it. */
+	if (ck->ck_route && policy_route_keys_by_ip(ck->ck_route)) {
+		request_client_ip(ck->ck_config, req, ip, sizeof(ip));
+		in.ip = ip;
+	}
 	if (ck->ck_route && (rc = policy_client_key(ck->ck_route, &in, qkey,
 	    sizeof(qkey), &key, &keylen)) == -1)
 		key = NULL;

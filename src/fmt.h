@@ -7,6 +7,7 @@
 #define FMT_H
 
 #include <stddef.h>
+#include <string.h>
 
 /* Room for any long long, its sign and the NUL. */
 #define FMT_LL_MAX	24
@@ -30,6 +31,20 @@ fmt_ll(char *out, long long v)
 		out[len++] = tmp[--n];
 	out[len] = '\0';
 	return len;
+}
+
+/* Appends the string s at *o in out (size bytes), if it fits with a NUL;
+ * returns 0, or -1 (and leaves out as it was) when it does not. */
+static inline int
+fmt_cat(char *out, size_t size, size_t *o, const char *s)
+{
+	size_t l = strlen(s);
+
+	if (*o + l >= size)
+		return -1;
+	memcpy(out + *o, s, l + 1);
+	*o += l;
+	return 0;
 }
 
 #endif

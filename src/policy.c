@@ -216,6 +216,15 @@ cookie_lookup(const char *header, const char *name, const char **val, size_t *le
 }
 
 int
+policy_route_keys_by_ip(const struct route *route)
+{
+	for (size_t i = 0; i < route->nkeys; i++)
+		if (route->keys[i].type == KEY_IP)
+			return 1;
+	return 0;
+}
+
+int
 policy_client_key(const struct route *route, const struct check_input *in,
     char *buf, size_t size, const char **key, size_t *keylen)
 {

@@ -17,7 +17,8 @@ struct check_input {
 	const char	*path;		/* normalized, no query */
 	const char	*query;		/* after '?', raw; NULL when none */
 	const char	*host;		/* NULL when unknown */
-	const char	*ip;		/* the client IP, canonical text */
+	const char	*ip;		/* the client IP, canonical text; NULL
+					 * when the route does not key by it */
 	/* Looks up a request header by name (case-insensitive); NULL if absent. */
 	const char	*(*header)(void *ctx, const char *name);
 	void		*header_ctx;
@@ -38,6 +39,9 @@ const struct route *policy_match(const struct config *config,
  * source is present. */
 int policy_client_key(const struct route *route, const struct check_input *in,
     char *buf, size_t size, const char **key, size_t *keylen);
+
+/* Does any of the route's key sources take the client IP? */
+int policy_route_keys_by_ip(const struct route *route);
 
 /* The limits that apply to this client (an override's, or the route's). */
 const struct limit_set *policy_limits(const struct route *route,

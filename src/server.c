@@ -44,6 +44,7 @@
 
 struct header {
 	const char	*name;
+	size_t		 namelen;	/* most lookups miss: compare this first */
 	const char	*value;
 };
 
@@ -250,10 +251,34 @@ conn_error(struct conn *c, int status, const char *msg)
 }
 
 static int
+header_is(const struct header *h, const char *name, size_t namelen)
+{
+	return h->namelen == namelen && strcasecmp(h->name, name) == 0;
+}
+
+/* RFC 9110 tchar, as a table: every byte of every header name is checked. */
+static const unsigned char tchar_table[256] = {
+	['!'] = 1, ['#'] = 1, ['$'] = 1, ['%'] = 1, ['&'] = 1, ['\''] = 1,
+	['*'] = 1, ['+'] = 1, ['-'] = 1, ['.'] = 1, ['^'] = 1, ['_'] = 1,
+	['`'] = 1, ['|'] = 1, ['~'] = 1,
+	['0'] = 1, ['1'] = 1, ['2'] = 1, ['3'] = 1, ['4'] = 1, ['5'] = 1,
+	['6'] = 1, ['7'] = 1, ['8'] = 1, ['9'] = 1,
+	['A'] = 1, ['B'] = 1, ['C'] = 1, ['D'] = 1, ['E'] = 1, ['F'] = 1,
+	['G'] = 1, ['H'] = 1, ['I'] = 1, ['J'] = 1, ['K'] = 1, ['L'] = 1,
+	['M'] = 1, ['N'] = 1, ['O'] = 1, ['P'] = 1, ['Q'] = 1, ['R'] = 1,
+	['S'] = 1, ['T'] = 1, ['U'] = 1, ['V'] = 1, ['W'] = 1, ['X'] = 1,
+	['Y'] = 1, ['Z'] = 1,
+	['a'] = 1, ['b'] = 1, ['c'] = 1, ['d'] = 1, ['e'] = 1, ['f'] = 1,
+	['g'] = 1, ['h'] = 1, ['i'] = 1, ['j'] = 1, ['k'] = 1, ['l'] = 1,
+	['m'] = 1, ['n'] = 1, ['o'] = 1, ['p'] = 1, ['q'] = 1, ['r'] = 1,
+	['s'] = 1, ['t'] = 1, ['u'] = 1, ['v'] = 1, ['w'] = 1, ['x'] = 1,
+	['y'] = 1, ['z'] = 1,
+};
+
+static int
 is_tchar(int ch)
 {
-	return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-	    (ch >= '0' && ch <= '9') || (ch && strchr("!#$%&'*+-.^_`|~", ch));
+	return tchar_table[(unsigned char)ch];
 }
 
 /* The length of the head including its blank line, or 0 if incomplete.
@@ -371,6 +396,7 @@ parse_head(struct http_request *rq, char *buf, size_t head_len, const char **why
 			return 431;
 		}
 		rq->rq_headers[rq->rq_nheaders].name = line;
+		rq->rq_headers[rq->rq_nheaders].namelen = (size_t)(colon - line);
 		rq->rq_headers[rq->rq_nheaders++].value = v;
 	}
 	return 0;
@@ -458,7 +484,7 @@ conn_parse_head(struct conn *c)
 		return -1;
 	}
 	for (int i = 0; i < rq->rq_nheaders; i++)
-		if (strcasecmp(rq->rq_headers[i].name, "Content-Length") == 0 &&
+		if (header_is(&rq->rq_headers[i], "Content-Length", 14) &&
 		    strcmp(rq->rq_headers[i].value, request_header(rq,
 		    "Content-Length")) != 0) {
 			/* Two lengths: a request-smuggling attempt; refuse. */
@@ -726,8 +752,10 @@ request_uri(const struct http_request *req)
 const char *
 request_header(const struct http_request *req, const char *name)
 {
+	size_t namelen = strlen(name);
+
 	for (int i = 0; i < req->rq_nheaders; i++)
-		if (strcasecmp(req->rq_headers[i].name, name) == 0)
+		if (header_is(&req->rq_headers[i], name, namelen))
 			return req->rq_headers[i].value;
 	return NULL;
 }
@@ -737,15 +765,16 @@ request_header_list(const struct http_request *req, const char *name,
     char *buf, size_t size)
 {
 	const char *first = NULL;
-	size_t o = 0;
+	size_t namelen = strlen(name), o = 0;
 	int n = 0;
 
 	for (int i = 0; i < req->rq_nheaders; i++) {
 		const char *v = req->rq_headers[i].value;
-		size_t vl = strlen(v);
+		size_t vl;
 
-		if (strcasecmp(req->rq_headers[i].name, name) != 0)
+		if (!header_is(&req->rq_headers[i], name, namelen))
 			continue;
+		vl = strlen(v);
 		if (n++ == 0)
 			first = v;
 		if (o + vl + 3 > size)

@@ -344,6 +344,7 @@ test_routes_and_keys(void)
 	}
 	r = policy_match(c, &in);
 	CHECK(r && strcmp(r->name, "api") == 0);
+	CHECK(policy_route_keys_by_ip(r));	/* its last key source */
 	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == 0);
 	CHECK(keylen == 2 && memcmp(key, "k1", 2) == 0);
 	h.names[0] = "X-Other";
@@ -374,6 +375,15 @@ test_routes_and_keys(void)
 	CHECK(r && strcmp(r->name, "versioned") == 0);
 	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == 1);
 	CHECK_STR(key, "*");
+	CHECK(!policy_route_keys_by_ip(r));
+	/* Unresolved (NULL) when the route does not key by it: no key, no crash. */
+	h.names[0] = h.names[1] = NULL;
+	in.ip = NULL;
+	in.path = "/api/users";
+	in.host = "api.example.com";
+	r = policy_match(c, &in);
+	CHECK(r && strcmp(r->name, "api") == 0);
+	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == -1);
 	config_unref(c);
 }
 
