@@ -25,6 +25,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -53,12 +54,13 @@ struct http_request {
 	const char	*rq_method;
 	const char	*rq_uri;
 	int		 rq_minor;		/* HTTP/1.rq_minor */
-	struct header	 rq_headers[SERVER_HEADERS_COUNT_MAX];
 	int		 rq_nheaders;
 	const char	*rq_body;
 	size_t		 rq_body_len;
 	int		 rq_keepalive;
 	int		 rq_head;		/* HEAD: headers only */
+	/* Not cleared per request (2.4 kB): only the first rq_nheaders count. */
+	struct header	 rq_headers[SERVER_HEADERS_COUNT_MAX];
 	char		 rq_out[SERVER_OUT_HEADERS_MAX]; /* "Name: value\r\n"... */
 	size_t		 rq_out_len;
 };
@@ -69,7 +71,8 @@ struct conn {
 	int		 c_fd;
 	struct event	*c_read_ev;		/* persistent, level-triggered */
 	struct event	*c_write_ev;		/* only while output is queued */
-	struct event	*c_idle_ev;
+	struct event	*c_idle_ev;		/* idle, linger, or reply timeout */
+	long long	 c_active_us;		/* last read or reply, coarse */
 	char		*c_in;
 	size_t		 c_in_len, c_in_cap;
 	int		 c_head_parsed;		/* c_req holds a parsed head */
@@ -96,13 +99,36 @@ struct server {
 	struct event_base	*s_base;
 	struct evconnlistener	*s_listener;
 	struct event		*s_accept_retry_ev;
-	const struct timeval	*s_idle;	/* a libevent common timeout */
+	long long		 s_idle_us;
 	server_handler		 s_handler;
 	void			*s_arg;
 	struct conn		*s_conns;
 };
 
 static void conn_process(struct conn *);
+
+/*
+ * The idle timer is not re-armed per request (an event_add, its lock and a
+ * queue move, twice a request): reads and replies only stamp c_active_us,
+ * and the timer, once it fires, sleeps again for what is left. The coarse
+ * clock is a vDSO read; its few milliseconds do not matter to a timeout.
+ */
+static long long
+coarse_now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static void
+idle_arm(struct conn *c, long long us)
+{
+	struct timeval tv = { (time_t)(us / 1000000), (suseconds_t)(us % 1000000) };
+
+	event_add(c->c_idle_ev, &tv);
+}
 
 static const char *
 reason(int status)
@@ -472,7 +498,7 @@ conn_parse_head(struct conn *c)
 		}
 		return 1;
 	}
-	memset(rq, 0, offsetof(struct http_request, rq_out));
+	memset(rq, 0, offsetof(struct http_request, rq_headers));
 	rq->rq_conn = c;
 	if ((status = parse_head(rq, c->c_in, head_len, &why)) != 0) {
 		conn_error(c, status, why);
@@ -591,7 +617,7 @@ on_read(evutil_socket_t fd, short what, void *arg)
 	if (n > 0) {
 		c->c_in_len += (size_t)n;
 		if (!c->c_pending)
-			event_add(c->c_idle_ev, c->c_server->s_idle);
+			c->c_active_us = coarse_now_us();
 		conn_process(c);
 		return;
 	}
@@ -613,10 +639,17 @@ on_idle(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	if (c->c_pending) {
-		/* The handler's own deadline answers it; wait for that. */
-		event_add(c->c_idle_ev, c->c_server->s_idle);
-		return;
+	if (!c->c_shut) {
+		long long left = c->c_active_us + c->c_server->s_idle_us -
+		    coarse_now_us();
+
+		/* The handler's own deadline answers a pending request. */
+		if (c->c_pending)
+			left = c->c_server->s_idle_us;
+		if (left > 0) {
+			idle_arm(c, left);
+			return;
+		}
 	}
 	c->c_dead = 1;	/* idle, lingered out, or not reading its replies */
 	conn_settle(c);
@@ -654,7 +687,8 @@ on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
 		srv->s_conns->c_prev = c;
 	srv->s_conns = c;
 	event_add(c->c_read_ev, NULL);
-	event_add(c->c_idle_ev, srv->s_idle);
+	c->c_active_us = coarse_now_us();
+	idle_arm(c, srv->s_idle_us);
 }
 
 /* Out of descriptors: pause accepting instead of spinning on EMFILE. */
@@ -709,10 +743,7 @@ server_new(struct event_base *base, int listen_fd, server_handler handler,
 void
 server_set_idle_timeout(struct server *srv, long long us)
 {
-	struct timeval tv = { (time_t)(us / 1000000), (suseconds_t)(us % 1000000) };
-
-	/* One common timeout queue: O(1) re-arming on every request. */
-	srv->s_idle = event_base_init_common_timeout(srv->s_base, &tv);
+	srv->s_idle_us = us;	/* each connection's next timer uses it */
 }
 
 void
@@ -889,8 +920,7 @@ request_reply(struct http_request *req, int status, const char *content_type,
 		c->c_read_paused = 0;
 		event_add(c->c_read_ev, NULL);
 	}
-	if (!c->c_dead && !c->c_eof)
-		event_add(c->c_idle_ev, c->c_server->s_idle);
+	c->c_active_us = coarse_now_us();
 	if (!c->c_processing)
 		conn_process(c);	/* pipelined requests; may free c */
 }
