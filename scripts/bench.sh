@@ -292,7 +292,7 @@ note() { NOTES+=("$*"); say "note: $*"; }
 
 # ---- ceilings ---------------------------------------------------------------
 
-REDIS_RPS= NGINX_RPS=
+REDIS_RPS= NGINX_RPS= REDIS_P99= NGINX_P99=
 
 ceiling_redis() {
 	local sha key n
@@ -326,6 +326,7 @@ ceiling_redis() {
 	fi
 	parse_rb "$WORK/rb.out" || { err "cannot parse redis-benchmark output"; return; }
 	REDIS_RPS=$B_RPS
+	REDIS_P99=$B_P99
 	local nk
 	nk=$(rcli --scan --pattern 'rl:{fw:*' | wc -l)
 	row "ceiling: redis EVALSHA fixed_window, redis-benchmark -c$CONNS -P1 -r$NKEYS | - | $B_RPS | $B_P50 | $B_P99 | - | $M_RDS | $M_GEN | 1.00"
@@ -360,6 +361,7 @@ ceiling_nginx() {
 	wrk_cmd one "$url" /hot/x "$DURATION"
 	if measure "$pid" "" "$WORK/nginx.out" "${WRK_CMD[@]}" && parse_wrk "$WORK/nginx.out"; then
 		NGINX_RPS=$W_RPS
+		NGINX_P99=$W_P99
 		row "ceiling: nginx return 204 (server CPU = nginx) | - | $W_RPS | $W_P50 | $W_P99 | $M_SRV | - | $M_GEN | 1.00"
 		say "  nginx: $W_RPS req/s, p50 $W_P50 ms, p99 $W_P99 ms"
 		[[ $W_SOCKERR == none ]] || note "nginx run: socket errors $W_SOCKERR"
@@ -532,8 +534,12 @@ bench_daemon() { # workers
 
 	if ((ok)); then
 		TARGETS+=("workers=$w fw >= $T_FW_VS_REDIS x redis EVALSHA: $(ratio "${RPS[fw]}" "$REDIS_RPS") -> $(verdict ge "$(ratio "${RPS[fw]}" "$REDIS_RPS")" "$T_FW_VS_REDIS")")
+		# Beside each, the p99 of the ceiling the scenario is measured
+		# against, at the same concurrency: what its server alone gives.
 		for s in fw tb three hot fw2; do
-			TARGETS+=("workers=$w $s p99 <= $T_P99_MS ms: ${P99[$s]} ms -> $(verdict le "${P99[$s]}" "$T_P99_MS")")
+			local ceil="redis EVALSHA ${REDIS_P99:-n/a}"
+			[[ $s == hot ]] && ceil="nginx ${NGINX_P99:-n/a}"
+			TARGETS+=("workers=$w $s p99 <= $T_P99_MS ms: ${P99[$s]} ms (ceiling: $ceil ms) -> $(verdict le "${P99[$s]}" "$T_P99_MS")")
 		done
 		TARGETS+=("workers=$w hot >= $T_HOT_VS_NGINX x nginx: $(ratio "${RPS[hot]}" "$NGINX_RPS") -> $(verdict ge "$(ratio "${RPS[hot]}" "$NGINX_RPS")" "$T_HOT_VS_NGINX")")
 		local max=0 k
