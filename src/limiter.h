@@ -35,6 +35,8 @@ struct limiter_command {
 	size_t			 nchecks;
 	char			*buf;
 	size_t			 buflen, bufsize;
+	char			*resp;		/* argv as RESP, after limiter_finish */
+	size_t			 resplen, respcap;
 };
 
 struct limit_result {
@@ -75,7 +77,8 @@ void limiter_reset(struct limiter_command *cmd);
 void limiter_add(struct limiter_command *cmd, const char *key_prefix,
     const char *route, const char *client, const struct limit_set *set,
     long long cost);
-/* Lays out argv: EVALSHA sha numkeys KEYS... 0 ARGV... */
+/* Lays out argv: EVALSHA sha numkeys KEYS... 0 ARGV..., and the same as
+ * the RESP array Redis reads, in resp. */
 void limiter_finish(struct limiter_command *cmd, const char *sha);
 void limiter_command_free(struct limiter_command *cmd);
 

@@ -553,8 +553,8 @@ on_flush(evutil_socket_t fd, short what, void *arg)
 			b->sb_calls[b->sb_n++] = call;
 		}
 		limiter_finish(&st->st_cmd, st->st_sha);
-		if (redisAsyncCommandArgv(st->st_ac, on_batch_reply, b,
-		    st->st_cmd.argc, st->st_cmd.argv, st->st_cmd.argvlen) != REDIS_OK) {
+		if (redisAsyncFormattedCommand(st->st_ac, on_batch_reply, b,
+		    st->st_cmd.resp, st->st_cmd.resplen) != REDIS_OK) {
 			batch_fail(st, b, STORE_DISCONNECTED, NULL);
 			batch_put(st, b);
 			continue;

@@ -11,6 +11,8 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include <hiredis/hiredis.h>
+
 #include "config.h"
 #include "denycache.h"
 #include "limiter.h"
@@ -425,6 +427,19 @@ test_client_ip(void)
 	config_unref(c);
 }
 
+
+/* The RESP the daemon sends is byte for byte what hiredis formats from the
+ * same argv. */
+static void
+check_resp_is_hiredis(const struct limiter_command *cmd)
+{
+	char *want = NULL;
+	long long n = redisFormatCommandArgv(&want, cmd->argc, cmd->argv, cmd->argvlen);
+
+	CHECK(n > 0 && (size_t)n == cmd->resplen && memcmp(want, cmd->resp, (size_t)n) == 0);
+	redisFreeCommand(want);
+}
+
 static void
 test_encode_and_build(void)
 {
@@ -463,6 +478,7 @@ test_encode_and_build(void)
 	CHECK(cmd.argvlen[6] == 1 && cmd.argv[6][0] == '3');
 	CHECK(cmd.argvlen[7] == 1 && cmd.argv[7][0] == '2');
 	CHECK(memcmp(cmd.argv[10], "10", 2) == 0 && memcmp(cmd.argv[11], "1000000", 7) == 0);
+	check_resp_is_hiredis(&cmd);
 
 	/* A batch: every check's keys first, then the time, then each
 	 * check's cost, count and limits, in the order added. Enough checks
@@ -486,6 +502,7 @@ test_encode_and_build(void)
 	CHECK(cmd.argvlen[604 + 10 * 299] == 3 &&
 	    memcmp(cmd.argv[604 + 10 * 299], "300", 3) == 0);
 	CHECK(memcmp(cmd.argv[604 + 10 * 299 + 2], "token_bucket", 12) == 0);
+	check_resp_is_hiredis(&cmd);
 	limiter_command_free(&cmd);
 }
 
