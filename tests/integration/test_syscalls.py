@@ -75,9 +75,11 @@ def counted_run(tmp_path, redis_port, name, hot, fresh):
     d.proc = subprocess.Popen(["strace", "-f", "-c", "-o", out, "--", RELEASE,
                                "-c", d.policy_path],
                               stdout=d.logf, stderr=d.logf)
+    daemon = None
     try:
         assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=1).ok,
                           timeout=20), d.log()
+        daemon = child_of(d.proc.pid)
         socks = [socket.create_connection(("127.0.0.1", d.port), timeout=10)
                  for _ in range(CONNS)]
         # Keys of this run only: the runs share one Redis.
@@ -89,13 +91,19 @@ def counted_run(tmp_path, redis_port, name, hot, fresh):
         assert run(socks, ["%s-%d" % (name, i) for i in range(fresh)]) == [200] * fresh
         for s in socks:
             s.close()
-        daemon = child_of(d.proc.pid)
         os.kill(daemon, signal.SIGTERM)
         assert d.proc.wait(20) == 0, d.log()
     finally:
         if d.proc.poll() is None:
-            d.proc.kill()
-            d.proc.wait()
+            # Killing strace alone would leave the daemon running, detached:
+            # kill the daemon, and strace, its parent, reaps it and exits.
+            if daemon is not None:
+                os.kill(daemon, signal.SIGKILL)
+            try:
+                d.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                d.proc.kill()
+                d.proc.wait()
         d.logf.close()
     counts = {}
     with open(out) as f:
