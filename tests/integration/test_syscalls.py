@@ -167,6 +167,8 @@ def test_check_through_redis_adds_only_batched_redis_io(counts):
     base, _, fresh = counts
     costs = per_check(base, fresh, MANY - FEW)
     # The client's read and write, and the Redis connection's, shared by the
-    # checks of a batch (up to CONNS here): well under one more of each.
-    check_lean(costs, read_max=1.8, write_max=1.8)
-    assert costs.get("epoll_ctl", 0) <= 0.5, costs
+    # checks of a batch (up to CONNS here; 1.12 of each measured). Bounded
+    # at one call per check, the worst timing can give: the claim here is
+    # no other system call, not how well the batches fill.
+    check_lean(costs, read_max=2.1, write_max=2.1)
+    assert costs.get("epoll_ctl", 0) <= 1.05, costs
