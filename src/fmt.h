@@ -1,7 +1,7 @@
 /*
- * Decimal formatting for the hot path: printf's format parsing was a
- * visible share of a check's CPU, for up to ten numbers per check and the
- * reply's status and length.
+ * Formatting for the hot path, without printf: its format parsing was a
+ * visible share of a check's CPU, for up to ten numbers per check, the
+ * reply's status and length, and the denial's body.
  */
 #ifndef FMT_H
 #define FMT_H
