@@ -7,6 +7,7 @@ str.format on the text.
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -166,6 +167,41 @@ def raw_http(port, data, timeout=3.0, expect=1):
         return b"".join(chunks)
     finally:
         s.close()
+
+
+# The release binary, for the tests that measure it (allocations, system
+# calls): ASan's runtime would be measured with it.
+RELEASE_BIN = os.path.join(ROOT, "build", "ratelimitd")
+# One route keyed by header K: a key's first check is allowed through Redis
+# ("tiny" allows one an hour), its next ones denied and then cached.
+ONCE_POLICY = policy(
+    "  - name: q\n    match: {prefix: /}\n    key: header:K\n"
+    "    limits:\n"
+    "      - {name: hourly, algorithm: fixed_window, limit: 100000, window: 1h}\n"
+    "      - {name: tiny, algorithm: fixed_window, limit: 1, window: 1h}\n",
+    timeout="2s")
+
+
+def checks_over(socks, keys):
+    """Sends one /check (header K: key) per key over the keep-alive
+    connections `socks`, each request written once the previous reply on
+    its connection is read; returns the statuses in key order."""
+    statuses = []
+    for i in range(0, len(keys), len(socks)):
+        group = keys[i:i + len(socks)]
+        for s, k in zip(socks, group):
+            s.sendall(("GET /check HTTP/1.1\r\nHost: x\r\nX-Original-URI: /a\r\nK: %s\r\n\r\n"
+                       % k).encode())
+        for s in socks[:len(group)]:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += s.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+            while len(body) < length:
+                body += s.recv(65536)
+            statuses.append(int(head.split(b" ", 2)[1]))
+    return statuses
 
 
 def read_until_close(sock):

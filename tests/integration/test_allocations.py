@@ -25,15 +25,10 @@ import requests
 
 from conftest import ROOT, Daemon, wait_until
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
-from helpers import policy
+from helpers import ONCE_POLICY as POL
+from helpers import RELEASE_BIN as RELEASE
+from helpers import checks_over
 
-RELEASE = os.path.join(ROOT, "build", "ratelimitd")
-POL = policy(
-    "  - name: q\n    match: {prefix: /}\n    key: header:K\n"
-    "    limits:\n"
-    "      - {name: hourly, algorithm: fixed_window, limit: 100000, window: 1h}\n"
-    "      - {name: tiny, algorithm: fixed_window, limit: 1, window: 1h}\n",
-    timeout="2s")
 
 
 @pytest.fixture
@@ -68,26 +63,9 @@ def connect(d, n=8):
 
 
 def run(socks, keys):
-    """Sends one /check per key over the keep-alive connections `socks`,
-    each request written once the previous reply on its connection is read.
-    (A new connection allocates its state once; that is not per request.)"""
-    conns = len(socks)
-    statuses = []
-    for i in range(0, len(keys), conns):
-        group = keys[i:i + conns]
-        for s, k in zip(socks, group):
-            s.sendall(("GET /check HTTP/1.1\r\nHost: x\r\nX-Original-URI: /a\r\nK: %s\r\n\r\n"
-                       % k).encode())
-        for s in socks[:len(group)]:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += s.recv(65536)
-            head, _, body = data.partition(b"\r\n\r\n")
-            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
-            while len(body) < length:
-                body += s.recv(65536)
-            statuses.append(int(head.split(b" ", 2)[1]))
-    return statuses
+    """checks_over; a new connection allocates its state once, which is
+    not per request, so these reuse theirs."""
+    return checks_over(socks, keys)
 
 
 def test_denied_from_the_cache_allocates_nothing(counted_daemon):

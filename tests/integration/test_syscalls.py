@@ -23,41 +23,15 @@ import subprocess
 import pytest
 import requests
 
-from conftest import ROOT, Daemon, wait_until
+from conftest import Daemon, wait_until
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
-from helpers import policy
+from helpers import ONCE_POLICY as POL
+from helpers import RELEASE_BIN as RELEASE
+from helpers import checks_over as run
 
-RELEASE = os.path.join(ROOT, "build", "ratelimitd")
-POL = policy(
-    "  - name: q\n    match: {prefix: /}\n    key: header:K\n"
-    "    limits:\n"
-    "      - {name: hourly, algorithm: fixed_window, limit: 100000, window: 1h}\n"
-    "      - {name: tiny, algorithm: fixed_window, limit: 1, window: 1h}\n",
-    timeout="2s")
 CONNS = 8
 FEW, MANY = 400, 2400
 SOCKET_IO = {"read", "write", "epoll_wait", "epoll_ctl"}
-
-
-def run(socks, keys):
-    """One /check per key over the keep-alive connections, each request
-    written once the previous reply on its connection is read; statuses."""
-    statuses = []
-    for i in range(0, len(keys), len(socks)):
-        group = keys[i:i + len(socks)]
-        for s, k in zip(socks, group):
-            s.sendall(("GET /check HTTP/1.1\r\nHost: x\r\nX-Original-URI: /a\r\nK: %s\r\n\r\n"
-                       % k).encode())
-        for s in socks[:len(group)]:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += s.recv(65536)
-            head, _, body = data.partition(b"\r\n\r\n")
-            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
-            while len(body) < length:
-                body += s.recv(65536)
-            statuses.append(int(head.split(b" ", 2)[1]))
-    return statuses
 
 
 def child_of(pid):
