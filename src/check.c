@@ -54,7 +54,7 @@ enum check_outcome {
 };
 
 struct check {
-	struct check		*ck_next, *ck_prev; /* pool or active list */
+	LIST_ENTRY(check)	 ck_entry;	/* pool or active list */
 	struct worker		*ck_worker;
 	struct http_request	*ck_req;
 	struct config		*ck_config;	/* referenced while active */
@@ -88,10 +88,10 @@ mono_us(void)
 static struct check *
 check_get(struct worker *w, struct http_request *req, int json)
 {
-	struct check *ck = w->w_free_checks;
+	struct check *ck = LIST_FIRST(&w->w_free_checks);
 
 	if (ck) {
-		w->w_free_checks = ck->ck_next;
+		LIST_REMOVE(ck, ck_entry);
 		w->w_nfree_checks--;
 	} else {
 		ck = xcalloc(1, sizeof(*ck));
@@ -111,12 +111,7 @@ check_get(struct worker *w, struct http_request *req, int json)
 	ck->ck_phase = CHECK_WAITING;
 	ck->ck_start_us = mono_us();
 	ck->ck_config = config_ref(w->w_config);
-	/* active list */
-	ck->ck_prev = NULL;
-	ck->ck_next = w->w_active;
-	if (w->w_active)
-		w->w_active->ck_prev = ck;
-	w->w_active = ck;
+	LIST_INSERT_HEAD(&w->w_active, ck, ck_entry);
 	w->w_nactive++;
 	metrics_in_flight(w->w_metrics, 1);
 	return ck;
@@ -135,18 +130,17 @@ check_release(struct check *ck)
 		return;
 	}
 	ck->ck_phase = CHECK_IDLE;
-	ck->ck_next = w->w_free_checks;
-	w->w_free_checks = ck;
+	LIST_INSERT_HEAD(&w->w_free_checks, ck, ck_entry);
 	w->w_nfree_checks++;
 }
 
 void
 check_pool_free(struct worker *w)
 {
-	while (w->w_free_checks) {
-		struct check *ck = w->w_free_checks;
+	while (!LIST_EMPTY(&w->w_free_checks)) {
+		struct check *ck = LIST_FIRST(&w->w_free_checks);
 
-		w->w_free_checks = ck->ck_next;
+		LIST_REMOVE(ck, ck_entry);
 		w->w_nfree_checks--;
 		event_free(ck->ck_timer);
 		free(ck);
@@ -339,13 +333,7 @@ check_finish(struct check *ck, enum check_outcome outcome)
 	ck->ck_raw_key = NULL;
 	config_unref(ck->ck_config);
 	ck->ck_config = NULL;
-	/* off the active list */
-	if (ck->ck_prev)
-		ck->ck_prev->ck_next = ck->ck_next;
-	else
-		w->w_active = ck->ck_next;
-	if (ck->ck_next)
-		ck->ck_next->ck_prev = ck->ck_prev;
+	LIST_REMOVE(ck, ck_entry);		/* off the active list */
 	w->w_nactive--;
 	metrics_in_flight(w->w_metrics, -1);
 	if (!ck->ck_redis_pending)
@@ -725,8 +713,8 @@ out:
 void
 check_finish_all(struct worker *w)
 {
-	while (w->w_active) {
-		struct check *ck = w->w_active;
+	while (!LIST_EMPTY(&w->w_active)) {
+		struct check *ck = LIST_FIRST(&w->w_active);
 
 		if (ck->ck_phase == CHECK_DELAYED)
 			check_finish(ck, OUTCOME_VERDICT);	/* held: let it pass */

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/queue.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -67,7 +68,7 @@ struct http_request {
 
 struct conn {
 	struct server	*c_server;
-	struct conn	*c_prev, *c_next;	/* the server's connections */
+	LIST_ENTRY(conn) c_entry;		/* the server's connections */
 	int		 c_fd;
 	struct event	*c_read_ev;		/* persistent, level-triggered */
 	struct event	*c_write_ev;		/* only while output is queued */
@@ -102,7 +103,7 @@ struct server {
 	long long		 s_idle_us;
 	server_handler		 s_handler;
 	void			*s_arg;
-	struct conn		*s_conns;
+	LIST_HEAD(, conn)	 s_conns;
 };
 
 static void conn_process(struct conn *);
@@ -154,14 +155,7 @@ reason(int status)
 static void
 conn_free(struct conn *c)
 {
-	struct server *srv = c->c_server;
-
-	if (c->c_prev)
-		c->c_prev->c_next = c->c_next;
-	else
-		srv->s_conns = c->c_next;
-	if (c->c_next)
-		c->c_next->c_prev = c->c_prev;
+	LIST_REMOVE(c, c_entry);
 	event_free(c->c_read_ev);
 	event_free(c->c_write_ev);
 	event_free(c->c_idle_ev);
@@ -682,10 +676,7 @@ on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
 	c->c_read_ev = event_new(srv->s_base, fd, EV_READ | EV_PERSIST, on_read, c);
 	c->c_write_ev = event_new(srv->s_base, fd, EV_WRITE, on_write, c);
 	c->c_idle_ev = evtimer_new(srv->s_base, on_idle, c);
-	c->c_next = srv->s_conns;
-	if (srv->s_conns)
-		srv->s_conns->c_prev = c;
-	srv->s_conns = c;
+	LIST_INSERT_HEAD(&srv->s_conns, c, c_entry);
 	event_add(c->c_read_ev, NULL);
 	c->c_active_us = coarse_now_us();
 	idle_arm(c, srv->s_idle_us);
@@ -725,6 +716,7 @@ server_new(struct event_base *base, int listen_fd, server_handler handler,
 	struct server *srv = xcalloc(1, sizeof(*srv));
 	int fd;
 
+	LIST_INIT(&srv->s_conns);
 	srv->s_base = base;
 	srv->s_handler = handler;
 	srv->s_arg = arg;
@@ -762,8 +754,8 @@ server_free(struct server *srv)
 	if (srv == NULL)
 		return;
 	server_stop_accepting(srv);
-	while (srv->s_conns)
-		conn_free(srv->s_conns);
+	while (!LIST_EMPTY(&srv->s_conns))
+		conn_free(LIST_FIRST(&srv->s_conns));
 	event_free(srv->s_accept_retry_ev);
 	free(srv);
 }

@@ -4,8 +4,8 @@
  * exponential backoff, so a dead Redis costs one connect attempt per backoff
  * step, never one per request), the handshake deadline (TCP connect, AUTH,
  * SELECT, INFO cluster and SCRIPT LOAD must all finish within
- * redis.connect_timeout, or the attempt is dropped: a paused Redis accepts TCP connections but never
- * answers), and the stall watchdog (a link that has had calls outstanding
+ * redis.connect_timeout, or the attempt is dropped: a paused Redis accepts
+ * TCP connections but never answers), and the stall watchdog (a link that has had calls outstanding
  * and no reply for STORE_STALL_MIN_US or 4x redis.timeout is dropped, which
  * fails its pending calls and starts reconnecting).
  *
@@ -92,7 +92,7 @@ struct store {
 
 	int			 st_max_batch;	/* redis.max_batch */
 	int			 st_cluster;	/* a Cluster node: one check a call */
-	struct store_call	*st_queue, *st_queue_tail; /* not yet sent */
+	TAILQ_HEAD(, store_call) st_queue;	/* not yet sent */
 	struct event		*st_flush_ev;
 	struct store_batch	*st_free_batches;
 	struct limiter_command	 st_cmd;	/* reused for every call */
@@ -510,17 +510,12 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 static struct store_call *
 queue_pop(struct store *st)
 {
-	struct store_call *call = st->st_queue;
+	struct store_call *call = TAILQ_FIRST(&st->st_queue);
 
-	if (call == NULL)
-		return NULL;
-	st->st_queue = call->sc_next;
-	if (st->st_queue)
-		st->st_queue->sc_prev = NULL;
-	else
-		st->st_queue_tail = NULL;
-	call->sc_next = call->sc_prev = NULL;
-	call->sc_queued = 0;
+	if (call != NULL) {
+		TAILQ_REMOVE(&st->st_queue, call, sc_entry);
+		call->sc_queued = 0;
+	}
 	return call;
 }
 
@@ -535,7 +530,7 @@ on_flush(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	while (st->st_queue) {
+	while (!TAILQ_EMPTY(&st->st_queue)) {
 		struct store_batch *b;
 
 		if (st->st_state != STORE_UP || st->st_ac == NULL) {
@@ -582,16 +577,10 @@ store_eval(struct store *st, struct store_call *call, store_cb cb, void *arg)
 	call->sc_store = st;
 	call->sc_cb = cb;
 	call->sc_arg = arg;
-	call->sc_next = NULL;
-	call->sc_prev = st->st_queue_tail;
-	call->sc_queued = 1;
-	if (st->st_queue_tail)
-		st->st_queue_tail->sc_next = call;
-	else {
-		st->st_queue = call;
+	if (TAILQ_EMPTY(&st->st_queue))
 		event_active(st->st_flush_ev, EV_TIMEOUT, 0);
-	}
-	st->st_queue_tail = call;
+	TAILQ_INSERT_TAIL(&st->st_queue, call, sc_entry);
+	call->sc_queued = 1;
 	return 0;
 }
 
@@ -602,15 +591,7 @@ store_cancel(struct store_call *call)
 
 	if (!call->sc_queued)
 		return 0;
-	if (call->sc_prev)
-		call->sc_prev->sc_next = call->sc_next;
-	else
-		st->st_queue = call->sc_next;
-	if (call->sc_next)
-		call->sc_next->sc_prev = call->sc_prev;
-	else
-		st->st_queue_tail = call->sc_prev;
-	call->sc_next = call->sc_prev = NULL;
+	TAILQ_REMOVE(&st->st_queue, call, sc_entry);
 	call->sc_queued = 0;
 	return 1;
 }
@@ -678,6 +659,7 @@ store_new(struct event_base *base, const struct config *config,
 
 	st->st_base = base;
 	st->st_metrics = metrics;
+	TAILQ_INIT(&st->st_queue);
 	st->st_backoff_us = STORE_BACKOFF_MIN_US;
 	st->st_retry_ev = evtimer_new(base, on_retry, st);
 	st->st_handshake_ev = evtimer_new(base, on_handshake_timeout, st);

@@ -9,6 +9,7 @@
 #define STORE_H
 
 #include <stddef.h>
+#include <sys/queue.h>
 
 struct event_base;
 struct config;
@@ -51,7 +52,7 @@ struct store_call {
 	struct store		*sc_store;
 	store_cb		 sc_cb;
 	void			*sc_arg;
-	struct store_call	*sc_next, *sc_prev; /* the send queue */
+	TAILQ_ENTRY(store_call)	 sc_entry;	/* the send queue */
 	int			 sc_queued;
 };
 

@@ -106,6 +106,8 @@ worker_new(int id, int listen_fd, struct config *config)
 	struct event_config *cfg;
 
 	w->w_id = id;
+	LIST_INIT(&w->w_free_checks);
+	LIST_INIT(&w->w_active);
 	pthread_mutex_init(&w->w_lock, NULL);
 	/* The changelist folds an event's add and delete within one loop
 	 * iteration into one epoll_ctl or none. Each base holds one dup of the

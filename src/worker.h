@@ -9,6 +9,7 @@
 #define WORKER_H
 
 #include <pthread.h>
+#include <sys/queue.h>
 
 #include "limiter.h"
 
@@ -33,9 +34,9 @@ struct worker {
 	struct event		*w_drain_timer_ev;
 	int			 w_draining;
 
-	struct check		*w_free_checks;	/* pool: no malloc per check */
+	LIST_HEAD(, check)	 w_free_checks;	/* pool: no malloc per check */
 	size_t			 w_nfree_checks;
-	struct check		*w_active;	/* in flight, for drain */
+	LIST_HEAD(, check)	 w_active;	/* in flight, for drain */
 	size_t			 w_nactive;
 };
 
