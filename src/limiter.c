@@ -100,7 +100,6 @@ void
 limiter_reset(struct limiter_command *cmd)
 {
 	cmd->nkeys = cmd->nargs = cmd->nchecks = cmd->buflen = 0;
-	cmd->argc = 0;
 	push_arg(cmd, "0", 1);	/* time: Redis TIME */
 }
 
@@ -152,74 +151,52 @@ limiter_add(struct limiter_command *cmd, const char *key_prefix,
 	cmd->nchecks++;
 }
 
-/*
- * The command as the RESP array hiredis would format from argv, for
- * redisAsyncFormattedCommand: hiredis's own formatting runs a printf-like
- * sdscatfmt per argument and allocates the result per call, and was about a
- * quarter of the daemon's instructions per check.
- */
-static void
-encode_resp(struct limiter_command *cmd)
+/* Appends one RESP bulk string, $len CRLF bytes CRLF, at out + o. */
+static size_t
+resp_bulk(char *out, size_t o, const char *s, size_t len)
 {
-	size_t need = 1 + FMT_LL_MAX + 2, o = 0;
-
-	for (int i = 0; i < cmd->argc; i++)
-		need += 1 + FMT_LL_MAX + 2 + cmd->argvlen[i] + 2;
-	cmd->resp = grow(cmd->resp, &cmd->respcap, need, 1);
-	cmd->resp[o++] = '*';
-	o += fmt_ll(cmd->resp + o, cmd->argc);
-	cmd->resp[o++] = '\r';
-	cmd->resp[o++] = '\n';
-	for (int i = 0; i < cmd->argc; i++) {
-		cmd->resp[o++] = '$';
-		o += fmt_ll(cmd->resp + o, (long long)cmd->argvlen[i]);
-		cmd->resp[o++] = '\r';
-		cmd->resp[o++] = '\n';
-		memcpy(cmd->resp + o, cmd->argv[i], cmd->argvlen[i]);
-		o += cmd->argvlen[i];
-		cmd->resp[o++] = '\r';
-		cmd->resp[o++] = '\n';
-	}
-	cmd->resplen = o;
+	out[o++] = '$';
+	o += fmt_ll(out + o, (long long)len);
+	out[o++] = '\r';
+	out[o++] = '\n';
+	memcpy(out + o, s, len);
+	o += len;
+	out[o++] = '\r';
+	out[o++] = '\n';
+	return o;
 }
 
+/*
+ * Writes EVALSHA sha numkeys KEYS... ARGV... as the RESP array Redis reads,
+ * for redisAsyncFormattedCommand: hiredis's own formatting (from an argv)
+ * runs a printf-like sdscatfmt per argument and allocates the result per
+ * call, and was about a quarter of the daemon's instructions per check.
+ */
 void
 limiter_finish(struct limiter_command *cmd, const char *sha)
 {
-	size_t argc = 3 + cmd->nkeys + cmd->nargs, a = 0;
+	size_t argc = 3 + cmd->nkeys + cmd->nargs, shalen = strlen(sha), o = 0;
 	char numkeys[FMT_LL_MAX];
 	size_t nklen = fmt_ll(numkeys, (long long)cmd->nkeys);
-	size_t shalen = strlen(sha), off;
+	/* Every element costs its bytes plus at most FMT_LL_MAX + 5 of framing. */
+	size_t need = (argc + 1) * (FMT_LL_MAX + 5) + 7 + shalen + nklen +
+	    cmd->buflen;
 
-	if (argc > cmd->argvcap) {
-		size_t cap = cmd->argvcap;
-
-		cmd->argv = grow(cmd->argv, &cap, argc, sizeof(*cmd->argv));
-		cmd->argvlen = xrealloc(cmd->argvlen, cap * sizeof(*cmd->argvlen));
-		cmd->argvcap = cap;
-	}
-	/* The fixed head goes at the buffer's end: nothing moves after this. */
-	reserve(cmd, 7 + shalen + nklen);
-	off = cmd->buflen;
-	put(cmd, "EVALSHA", 7);
-	put(cmd, sha, shalen);
-	put(cmd, numkeys, nklen);
-	cmd->argv[a] = cmd->buf + off;
-	cmd->argvlen[a++] = 7;
-	cmd->argv[a] = cmd->buf + off + 7;
-	cmd->argvlen[a++] = shalen;
-	cmd->argv[a] = cmd->buf + off + 7 + shalen;
-	cmd->argvlen[a++] = nklen;
-	for (size_t i = 0; i < cmd->nkeys; i++) {
-		cmd->argv[a] = cmd->buf + cmd->keys[i].off;
-		cmd->argvlen[a++] = cmd->keys[i].len;
-	}
-	for (size_t i = 0; i < cmd->nargs; i++) {
-		cmd->argv[a] = cmd->buf + cmd->args[i].off;
-		cmd->argvlen[a++] = cmd->args[i].len;
-	}
-	cmd->argc = (int)argc;
-	encode_resp(cmd);
+	cmd->resp = grow(cmd->resp, &cmd->respcap, need, 1);
+	cmd->resp[o++] = '*';
+	o += fmt_ll(cmd->resp + o, (long long)argc);
+	cmd->resp[o++] = '\r';
+	cmd->resp[o++] = '\n';
+	o = resp_bulk(cmd->resp, o, "EVALSHA", 7);
+	o = resp_bulk(cmd->resp, o, sha, shalen);
+	o = resp_bulk(cmd->resp, o, numkeys, nklen);
+	for (size_t i = 0; i < cmd->nkeys; i++)
+		o = resp_bulk(cmd->resp, o, cmd->buf + cmd->keys[i].off,
+		    cmd->keys[i].len);
+	for (size_t i = 0; i < cmd->nargs; i++)
+		o = resp_bulk(cmd->resp, o, cmd->buf + cmd->args[i].off,
+		    cmd->args[i].len);
+	cmd->resplen = o;
 }
 
 void
@@ -227,8 +204,6 @@ limiter_command_free(struct limiter_command *cmd)
 {
 	free(cmd->buf);
 	free(cmd->resp);
-	free(cmd->argv);
-	free(cmd->argvlen);
 	free(cmd->keys);
 	free(cmd->args);
 	memset(cmd, 0, sizeof(*cmd));

@@ -26,16 +26,12 @@ struct limiter_arg {
  * keys of all checks come first in KEYS, their arguments after the time in
  * ARGV, so the two are staged apart and joined by limiter_finish. */
 struct limiter_command {
-	int			 argc;		/* valid after limiter_finish */
-	const char		**argv;
-	size_t			*argvlen;
-	size_t			 argvcap;
 	struct limiter_arg	*keys, *args;
 	size_t			 nkeys, nargs, keyscap, argscap;
 	size_t			 nchecks;
 	char			*buf;
 	size_t			 buflen, bufsize;
-	char			*resp;		/* argv as RESP, after limiter_finish */
+	char			*resp;		/* the command, after limiter_finish */
 	size_t			 resplen, respcap;
 };
 
@@ -77,8 +73,8 @@ void limiter_reset(struct limiter_command *cmd);
 void limiter_add(struct limiter_command *cmd, const char *key_prefix,
     const char *route, const char *client, const struct limit_set *set,
     long long cost);
-/* Lays out argv: EVALSHA sha numkeys KEYS... 0 ARGV..., and the same as
- * the RESP array Redis reads, in resp. */
+/* Writes EVALSHA sha numkeys KEYS... 0 ARGV... into resp, as the RESP
+ * array Redis reads. */
 void limiter_finish(struct limiter_command *cmd, const char *sha);
 void limiter_command_free(struct limiter_command *cmd);
 

@@ -428,14 +428,58 @@ test_client_ip(void)
 }
 
 
-/* The RESP the daemon sends is byte for byte what hiredis formats from the
- * same argv. */
-static void
-check_resp_is_hiredis(const struct limiter_command *cmd)
-{
-	char *want = NULL;
-	long long n = redisFormatCommandArgv(&want, cmd->argc, cmd->argv, cmd->argvlen);
+/* A command as Redis reads it, taken apart again. */
+struct decoded {
+	int		 argc;
+	const char	*argv[4096];
+	size_t		 argvlen[4096];
+};
 
+static long long
+read_len(const char **p, const char *end, char tag)
+{
+	long long v = 0;
+
+	if (*p >= end || **p != tag)
+		return -1;
+	for ((*p)++; *p < end && **p >= '0' && **p <= '9'; (*p)++)
+		v = v * 10 + (**p - '0');
+	if (end - *p < 2 || (*p)[0] != '\r' || (*p)[1] != '\n')
+		return -1;
+	*p += 2;
+	return v;
+}
+
+/* Splits cmd's RESP array into d (strictly: every length and CRLF must be
+ * where it says), then checks it is byte for byte what hiredis formats
+ * from the same argv. */
+static void
+decode_resp(const struct limiter_command *cmd, struct decoded *d)
+{
+	static const char none[64];	/* what a failed decode leaves */
+	const char *p = cmd->resp, *end = cmd->resp + cmd->resplen;
+	long long n = read_len(&p, end, '*');
+	char *want = NULL;
+
+	d->argc = 0;
+	for (size_t i = 0; i < 4096; i++) {
+		d->argv[i] = none;
+		d->argvlen[i] = 0;
+	}
+	CHECK(n > 0 && n <= 4096);
+	for (long long i = 0; i < n && n <= 4096; i++) {
+		long long len = read_len(&p, end, '$');
+
+		if (len < 0 || end - p < len + 2 || p[len] != '\r' || p[len + 1] != '\n') {
+			CHECK(!"malformed RESP");
+			return;
+		}
+		d->argv[d->argc] = p;
+		d->argvlen[d->argc++] = (size_t)len;
+		p += len + 2;
+	}
+	CHECK(p == end);
+	n = redisFormatCommandArgv(&want, d->argc, d->argv, d->argvlen);
 	CHECK(n > 0 && (size_t)n == cmd->resplen && memcmp(want, cmd->resp, (size_t)n) == 0);
 	redisFreeCommand(want);
 }
@@ -451,6 +495,7 @@ test_encode_and_build(void)
 	};
 	struct limit_set set = { l, 2, 0, 1000 };
 	unsigned char d[SHA256_DIGEST_LEN];
+	static struct decoded dec;
 
 	CHECK(limiter_encode_client("k1", 2, out) == 2);
 	CHECK_STR(out, "k1");
@@ -468,17 +513,17 @@ test_encode_and_build(void)
 	limiter_reset(&cmd);
 	limiter_add(&cmd, "rl:", "api", "k1", &set, 3);
 	limiter_finish(&cmd, "0123456789012345678901234567890123456789");
+	decode_resp(&cmd, &dec);
 	/* EVALSHA sha 2 key key 0 cost n alg a b c alg a b c */
-	CHECK(cmd.argc == 3 + 2 + 3 + 8);
-	CHECK(cmd.argvlen[2] == 1 && cmd.argv[2][0] == '2');
-	CHECK(cmd.argvlen[3] == strlen("rl:{api:k1}:burst:token_bucket") &&
-	    memcmp(cmd.argv[3], "rl:{api:k1}:burst:token_bucket", cmd.argvlen[3]) == 0);
-	CHECK(memcmp(cmd.argv[4], "rl:{api:k1}:hourly:fixed_window", cmd.argvlen[4]) == 0);
-	CHECK(cmd.argvlen[5] == 1 && cmd.argv[5][0] == '0');
-	CHECK(cmd.argvlen[6] == 1 && cmd.argv[6][0] == '3');
-	CHECK(cmd.argvlen[7] == 1 && cmd.argv[7][0] == '2');
-	CHECK(memcmp(cmd.argv[10], "10", 2) == 0 && memcmp(cmd.argv[11], "1000000", 7) == 0);
-	check_resp_is_hiredis(&cmd);
+	CHECK(dec.argc == 3 + 2 + 3 + 8);
+	CHECK(dec.argvlen[2] == 1 && dec.argv[2][0] == '2');
+	CHECK(dec.argvlen[3] == strlen("rl:{api:k1}:burst:token_bucket") &&
+	    memcmp(dec.argv[3], "rl:{api:k1}:burst:token_bucket", dec.argvlen[3]) == 0);
+	CHECK(memcmp(dec.argv[4], "rl:{api:k1}:hourly:fixed_window", dec.argvlen[4]) == 0);
+	CHECK(dec.argvlen[5] == 1 && dec.argv[5][0] == '0');
+	CHECK(dec.argvlen[6] == 1 && dec.argv[6][0] == '3');
+	CHECK(dec.argvlen[7] == 1 && dec.argv[7][0] == '2');
+	CHECK(memcmp(dec.argv[10], "10", 2) == 0 && memcmp(dec.argv[11], "1000000", 7) == 0);
 
 	/* A batch: every check's keys first, then the time, then each
 	 * check's cost, count and limits, in the order added. Enough checks
@@ -491,18 +536,18 @@ test_encode_and_build(void)
 		limiter_add(&cmd, "rl:", "api", client, &set, i + 1);
 	}
 	limiter_finish(&cmd, "0123456789012345678901234567890123456789");
+	decode_resp(&cmd, &dec);
 	CHECK(cmd.nchecks == 300);
-	CHECK(cmd.argc == 3 + 600 + 1 + 300 * 10);
-	CHECK(cmd.argvlen[2] == 3 && memcmp(cmd.argv[2], "600", 3) == 0);
-	CHECK(cmd.argvlen[0] == 7 && memcmp(cmd.argv[0], "EVALSHA", 7) == 0);
-	CHECK(cmd.argvlen[1] == 40 && cmd.argv[1][39] == '9');
-	CHECK(memcmp(cmd.argv[3 + 599], "rl:{api:c299}:hourly:fixed_window",
-	    cmd.argvlen[3 + 599]) == 0);
-	CHECK(cmd.argvlen[603] == 1 && cmd.argv[603][0] == '0');
-	CHECK(cmd.argvlen[604 + 10 * 299] == 3 &&
-	    memcmp(cmd.argv[604 + 10 * 299], "300", 3) == 0);
-	CHECK(memcmp(cmd.argv[604 + 10 * 299 + 2], "token_bucket", 12) == 0);
-	check_resp_is_hiredis(&cmd);
+	CHECK(dec.argc == 3 + 600 + 1 + 300 * 10);
+	CHECK(dec.argvlen[2] == 3 && memcmp(dec.argv[2], "600", 3) == 0);
+	CHECK(dec.argvlen[0] == 7 && memcmp(dec.argv[0], "EVALSHA", 7) == 0);
+	CHECK(dec.argvlen[1] == 40 && dec.argv[1][39] == '9');
+	CHECK(memcmp(dec.argv[3 + 599], "rl:{api:c299}:hourly:fixed_window",
+	    dec.argvlen[3 + 599]) == 0);
+	CHECK(dec.argvlen[603] == 1 && dec.argv[603][0] == '0');
+	CHECK(dec.argvlen[604 + 10 * 299] == 3 &&
+	    memcmp(dec.argv[604 + 10 * 299], "300", 3) == 0);
+	CHECK(memcmp(dec.argv[604 + 10 * 299 + 2], "token_bucket", 12) == 0);
 	limiter_command_free(&cmd);
 }
 
