@@ -71,7 +71,6 @@ local function fmt_int(x)
   return string.format('%.0f', x)
 end
 
-
 -- Microseconds to whole milliseconds, rounded up so that a client told to
 -- wait that long is never early.
 local function us_to_ms_ceil(us)

@@ -503,15 +503,15 @@ conn_parse_head(struct conn *c)
 		conn_error(c, 411, "send a Content-Length body, not Transfer-Encoding");
 		return -1;
 	}
-	for (int i = 0; i < rq->rq_nheaders; i++)
+	cl = request_header(rq, "Content-Length");
+	for (int i = 0; cl != NULL && i < rq->rq_nheaders; i++)
 		if (header_is(&rq->rq_headers[i], "Content-Length", 14) &&
-		    strcmp(rq->rq_headers[i].value, request_header(rq,
-		    "Content-Length")) != 0) {
+		    strcmp(rq->rq_headers[i].value, cl) != 0) {
 			/* Two lengths: a request-smuggling attempt; refuse. */
 			conn_error(c, 400, "conflicting Content-Length headers");
 			return -1;
 		}
-	if ((cl = request_header(rq, "Content-Length")) != NULL) {
+	if (cl != NULL) {
 		const char *d = cl;
 
 		if (*d == '\0') {
@@ -867,7 +867,7 @@ request_reply(struct http_request *req, int status, const char *content_type,
 {
 	struct conn *c = req->rq_conn;
 	char head[SERVER_REPLY_HEAD_MAX], num[FMT_LL_MAX];
-	size_t n = 0, nl;
+	size_t n = 0;
 
 	c->c_pending = 0;
 	if (!c->c_dead) {
@@ -885,9 +885,8 @@ request_reply(struct http_request *req, int status, const char *content_type,
 			n = head_put(head, n, "\r\n");
 		}
 		n = head_put(head, n, "Content-Length: ");
-		nl = fmt_ll(num, (long long)len);
-		memcpy(head + n, num, nl);
-		n += nl;
+		fmt_ll(num, (long long)len);
+		n = head_put(head, n, num);
 		n = head_put(head, n, "\r\n");
 		if (!req->rq_keepalive)
 			n = head_put(head, n, "Connection: close\r\n");
