@@ -78,11 +78,17 @@ local function us_to_ms_ceil(us)
   return math.ceil(us / 1000)
 end
 
--- Sets the key's expiry to `us` from now, at least 1 ms.
+-- The expiry, in ms, for state that matters `us` longer. Redis counts it
+-- from its millisecond clock, which is up to 1 ms behind the microsecond
+-- TIME the script decided at, and PEXPIRE deletes a key at once when that
+-- deadline has already come (7.0 reads its clock twice). Rounded up plus
+-- 1 ms, a key never goes while its state still matters.
+local function expiry_ms(us)
+  return us_to_ms_ceil(us) + 1
+end
+
 local function expire_in_us(key, us)
-  local ms = us_to_ms_ceil(us)
-  if ms < 1 then ms = 1 end
-  redis.call('PEXPIRE', key, fmt_int(ms))
+  redis.call('PEXPIRE', key, fmt_int(expiry_ms(us)))
 end
 
 local function now_us()
@@ -175,5 +181,5 @@ end
 
 local function meter_commit(key, now, cost, r)
   redis.call('SET', key, rat_encode(now, r.empty_after, r.den),
-             'PX', fmt_int(math.max(1, us_to_ms_ceil(r.reset_after))))
+             'PX', fmt_int(expiry_ms(r.reset_after)))
 end

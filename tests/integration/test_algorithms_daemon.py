@@ -589,12 +589,12 @@ def test_every_key_has_a_ttl_no_longer_than_needed(start_daemon, redis_server):
     now = clock.local_now()
     w_end = (now // 2.0 + 1) * 2.0
     expected = {   # (lowest, highest) PTTL in ms right after the 3 requests
-        "kfw": ((w_end - now) * 1000 - 80, (w_end - now) * 1000 + 5),
-        "kswl": (2000 - 80, 2000),
-        "kswc": (2000 - 80, 2500),
-        "ktb": (600 - 80, 600),       # 3 tokens to refill at 5/s
-        "klb": (600 - 80, 600),       # 3 queued, drained at 5/s
-        "kgc": (600 - 80, 600),       # TAT 0.6 s ahead
+        "kfw": ((w_end - now) * 1000 - 80, (w_end - now) * 1000 + 6),
+        "kswl": (2000 - 80, 2001),    # (+1: expiry_ms in lib.lua)
+        "kswc": (2000 - 80, 2501),
+        "ktb": (600 - 80, 601),       # 3 tokens to refill at 5/s
+        "klb": (600 - 80, 601),       # 3 queued, drained at 5/s
+        "kgc": (600 - 80, 601),       # TAT 0.6 s ahead
     }
     found = {k.decode() for k in r.scan_iter("*")}
     assert found == {rkey(rn, "ttl1", "q", alg) for rn, alg in routes}, found

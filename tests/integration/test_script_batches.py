@@ -32,9 +32,11 @@ all-or-nothing over its own limits. This file proves it three ways:
 Expiry: the scripts PEXPIRE relative to the forced time, but Redis expires on
 the real clock. Long-lived parameters (windows >= 1 s, refill times >= 1/3 s)
 are not enough on their own: a fixed window's key expires at the end of the
-window, which may be 1 ms after the forced instant. So every call runs in a
-MULTI/EXEC with a PTTL read and a PERSIST of its keys (Redis freezes expiry
-inside EXEC, so nothing can expire in between). The scripts never rely on
+window, which may be 2 ms after the forced instant. So every call runs in a
+MULTI/EXEC with a PTTL read and a PERSIST of its keys (Redis freezes lazy
+expiry inside EXEC; only PEXPIRE itself deletes a key whose deadline has
+come on the real clock, which with the scripts' extra 1 ms takes a 1 ms
+stall inside that one command). The scripts never rely on
 expiry for correctness (test_scripts_model proves it), so persisting changes
 no decision, and the PTTLs read are compared between the batch and the
 one-by-one calls (to within the real time the calls took).
