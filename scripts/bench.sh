@@ -7,7 +7,8 @@
 # drives them with wrk -t1 -c50 (and redis-benchmark -c50 -P1):
 #
 #   ceilings  redis  EVALSHA of build/limits.lua, fixed_window, 10,000 random keys
-#             nginx  `return 204`, one process
+#             nginx  `return 204`, one process; and, for information, with
+#                    as many worker processes as each server.workers > 1
 #   daemon    fw     /check, fixed_window, X-Api-Key over 10,000 keys
 #             tb     /check, token_bucket, 10,000 keys
 #             three  /check, three limits on one route, 10,000 keys
@@ -129,14 +130,18 @@ need() {
 
 # cpu_ticks PID: REPLY = utime+stime of the whole process, in clock ticks.
 # An empty PID reads as 0; a vanished one fails.
+# cpu_ticks PID[,PID...]: utime+stime summed over the processes.
 cpu_ticks() {
-	local line
+	local line pid sum=0
 	REPLY=0
 	[[ -n $1 ]] || return 0
-	{ read -r line <"/proc/$1/stat"; } 2>/dev/null || return 1
-	line=${line##*) }
-	local -a f=($line)
-	REPLY=$((f[11] + f[12]))
+	for pid in ${1//,/ }; do
+		{ read -r line <"/proc/$pid/stat"; } 2>/dev/null || return 1
+		line=${line##*) }
+		local -a f=($line)
+		sum=$((sum + f[11] + f[12]))
+	done
+	REPLY=$sum
 }
 
 rss_kb() {
@@ -293,6 +298,7 @@ note() { NOTES+=("$*"); say "note: $*"; }
 # ---- ceilings ---------------------------------------------------------------
 
 REDIS_RPS= NGINX_RPS= REDIS_P99= NGINX_P99=
+declare -A NGINX_N_RPS=() NGINX_N_P99=()   # by worker processes, for N > 1
 
 ceiling_redis() {
 	local sha key n
@@ -335,11 +341,14 @@ ceiling_redis() {
 	rcli FLUSHALL >/dev/null
 }
 
-ceiling_nginx() {
-	local port dir=$WORK/nginx
+ceiling_nginx() { # worker processes (1: the ceiling, one process)
+	local n=${1:-1}
+	local port dir=$WORK/nginx-$n master=off
+	((n > 1)) && master=on
 	port=$(free_port)
 	mkdir -p "$dir/nginx-tmp"
-	sed -e "s|@DIR@|$dir|g" -e "s|@PORT@|$port|g" "$HERE/nginx.conf.in" >"$dir/nginx.conf"
+	sed -e "s|@DIR@|$dir|g" -e "s|@PORT@|$port|g" -e "s|@MASTER@|$master|" \
+		-e "s|@WORKERS@|$n|" "$HERE/nginx.conf.in" >"$dir/nginx.conf"
 	nginx -p "$dir" -e "$dir/nginx-error.log" -c "$dir/nginx.conf" -g 'daemon off;' \
 		>"$dir/nginx.out" 2>&1 &
 	local pid=$! i
@@ -350,23 +359,36 @@ ceiling_nginx() {
 		sleep 0.05
 	done
 	if ((i == 100)) || ! kill -0 "$pid" 2>/dev/null; then
-		err "nginx did not start: $(cat "$dir/nginx.out" "$dir/nginx-error.log" 2>/dev/null | tail -3)"
+		err "nginx ($n process(es)) did not start: $(cat "$dir/nginx.out" "$dir/nginx-error.log" 2>/dev/null | tail -3)"
 		stop_pid "$pid"
 		return
 	fi
-	local url=http://127.0.0.1:$port/check
-	say "ceiling: nginx return 204 (warm-up ${WARMUP}s, run ${DURATION}s)"
+	# Under a master the workers do the serving: measure them all.
+	local pids=$pid kids
+	if ((n > 1)); then
+		kids=$(cat "/proc/$pid/task/"*/children 2>/dev/null)
+		[[ -n $kids ]] && pids+=",$(echo $kids | tr ' ' ',')"
+	fi
+	local url=http://127.0.0.1:$port/check what="nginx return 204"
+	((n > 1)) && what="nginx return 204, $n worker processes"
+	say "ceiling: $what (warm-up ${WARMUP}s, run ${DURATION}s)"
 	wrk_cmd one "$url" /hot/x "$WARMUP"
-	"${WRK_CMD[@]}" >"$WORK/nginx-warmup.out" 2>&1
+	"${WRK_CMD[@]}" >"$WORK/nginx-$n-warmup.out" 2>&1
 	wrk_cmd one "$url" /hot/x "$DURATION"
-	if measure "$pid" "" "$WORK/nginx.out" "${WRK_CMD[@]}" && parse_wrk "$WORK/nginx.out"; then
-		NGINX_RPS=$W_RPS
-		NGINX_P99=$W_P99
-		row "ceiling: nginx return 204 (server CPU = nginx) | - | $W_RPS | $W_P50 | $W_P99 | $M_SRV | - | $M_GEN | 1.00"
-		say "  nginx: $W_RPS req/s, p50 $W_P50 ms, p99 $W_P99 ms"
-		[[ $W_SOCKERR == none ]] || note "nginx run: socket errors $W_SOCKERR"
+	if measure "$pids" "" "$WORK/nginx-$n.out" "${WRK_CMD[@]}" && parse_wrk "$WORK/nginx-$n.out"; then
+		if ((n == 1)); then
+			NGINX_RPS=$W_RPS
+			NGINX_P99=$W_P99
+			row "ceiling: $what (server CPU = nginx) | - | $W_RPS | $W_P50 | $W_P99 | $M_SRV | - | $M_GEN | 1.00"
+		else
+			NGINX_N_RPS[$n]=$W_RPS
+			NGINX_N_P99[$n]=$W_P99
+			row "(information) $what (server CPU = nginx, all processes) | ($n) | $W_RPS | $W_P50 | $W_P99 | $M_SRV | - | $M_GEN | $(ratio "$W_RPS" "$NGINX_RPS") (nginx)"
+		fi
+		say "  $what: $W_RPS req/s, p50 $W_P50 ms, p99 $W_P99 ms"
+		[[ $W_SOCKERR == none ]] || note "$what run: socket errors $W_SOCKERR"
 	else
-		err "wrk against nginx failed: $(tail -3 "$WORK/nginx.out")"
+		err "wrk against $what failed: $(tail -3 "$WORK/nginx-$n.out")"
 	fi
 	stop_pid "$pid"
 }
@@ -538,10 +560,15 @@ bench_daemon() { # workers
 		# against, at the same concurrency: what its server alone gives.
 		for s in fw tb three hot fw2; do
 			local ceil="redis EVALSHA ${REDIS_P99:-n/a}"
-			[[ $s == hot ]] && ceil="nginx ${NGINX_P99:-n/a}"
+			if [[ $s == hot ]]; then
+				ceil="nginx ${NGINX_P99:-n/a}"
+				((w > 1)) && ceil+=" ms; nginx with $w worker processes ${NGINX_N_P99[$w]:-n/a}"
+			fi
 			TARGETS+=("workers=$w $s p99 <= $T_P99_MS ms: ${P99[$s]} ms (ceiling: $ceil ms) -> $(verdict le "${P99[$s]}" "$T_P99_MS")")
 		done
-		TARGETS+=("workers=$w hot >= $T_HOT_VS_NGINX x nginx: $(ratio "${RPS[hot]}" "$NGINX_RPS") -> $(verdict ge "$(ratio "${RPS[hot]}" "$NGINX_RPS")" "$T_HOT_VS_NGINX")")
+		local beside=
+		((w > 1)) && beside=" (nginx with $w worker processes: $(ratio "${NGINX_N_RPS[$w]:-}" "$NGINX_RPS") x nginx)"
+		TARGETS+=("workers=$w hot >= $T_HOT_VS_NGINX x nginx: $(ratio "${RPS[hot]}" "$NGINX_RPS") -> $(verdict ge "$(ratio "${RPS[hot]}" "$NGINX_RPS")" "$T_HOT_VS_NGINX")$beside")
 		local max=0 k
 		for k in "${RSS_KB[@]}"; do
 			if [[ $k != "?" ]] && ((k > max)); then max=$k; fi
@@ -618,7 +645,14 @@ main() {
 
 	if [[ $ONLY != daemon ]]; then
 		ceiling_redis
-		ceiling_nginx
+		ceiling_nginx 1
+		# What N worker processes do to a plain HTTP server on these
+		# cores, beside the daemon's N workers (information only: the
+		# ceiling stays the one process).
+		local n
+		for n in $WORKERS_LIST; do
+			((n > 1)) && ceiling_nginx "$n"
+		done
 	fi
 	RSS_LINES=()
 	BATCH_LINES=()
