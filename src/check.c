@@ -364,13 +364,15 @@ check_on_reply(void *arg, const struct store_result *res)
 
 	ck->ck_redis_pending = 0;
 	if (ck->ck_phase != CHECK_WAITING) {
-		/* The deadline answered already: drop the late reply. */
+		/* The deadline answered already (and counted its timeout): drop
+		 * the late reply, or the failure of a link dropped since. */
 		if (ck->ck_phase == CHECK_DONE)
 			check_release(ck);
 		return;
 	}
 	switch (res->status) {
 	case STORE_NOSCRIPT:
+		metrics_redis_error(w->w_metrics, REDIS_ERROR_NOSCRIPT);
 		if (!ck->ck_retried) {
 			/* The store queued SCRIPT LOAD ahead of this retry. */
 			ck->ck_retried = 1;
@@ -380,9 +382,11 @@ check_on_reply(void *arg, const struct store_result *res)
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
 	case STORE_DISCONNECTED:
+		metrics_redis_error(w->w_metrics, REDIS_ERROR_DISCONNECTED);
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
 	case STORE_ERROR:
+		metrics_redis_error(w->w_metrics, REDIS_ERROR_ERROR);
 		log_warnx("redis error on route %s: %s", ck->ck_route->name,
 		    res->error ? res->error : "unknown");
 		check_finish(ck, OUTCOME_DEGRADED);
@@ -425,6 +429,7 @@ check_send(struct check *ck)
 	ck->ck_call.sc_set = ck->ck_set;
 	ck->ck_call.sc_cost = ck->ck_cost;
 	if (store_eval(w->w_store, &ck->ck_call, check_on_reply, ck) == -1) {
+		metrics_redis_error(w->w_metrics, REDIS_ERROR_DISCONNECTED);
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
 	}

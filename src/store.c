@@ -431,30 +431,24 @@ batch_free_all(struct store *st)
 
 /* Answers one call without a reply (failure statuses only). */
 static void
-call_fail(struct store *st, struct store_call *call, enum store_status status,
-    const char *error)
+call_fail(struct store_call *call, enum store_status status, const char *error)
 {
 	struct store_result res = { status, NULL, 0, error };
-	enum redis_error_kind kind = status == STORE_NOSCRIPT ? REDIS_ERROR_NOSCRIPT :
-	    status == STORE_DISCONNECTED ? REDIS_ERROR_DISCONNECTED :
-	    REDIS_ERROR_ERROR;
 
-	metrics_redis_error(st->st_metrics, kind);
 	call->sc_cb(call->sc_arg, &res);
 }
 
 /* Every check of the batch gets the same failure. */
 static void
-batch_fail(struct store *st, struct store_batch *b, enum store_status status,
-    const char *error)
+batch_fail(struct store_batch *b, enum store_status status, const char *error)
 {
 	for (size_t i = 0; i < b->sb_n; i++)
-		call_fail(st, b->sb_calls[i], status, error);
+		call_fail(b->sb_calls[i], status, error);
 }
 
 /* Hands each check its slice of the reply: 2 + 5 integers per limit. */
 static void
-batch_deliver(struct store *st, struct store_batch *b, const redisReply *reply)
+batch_deliver(struct store_batch *b, const redisReply *reply)
 {
 	long long ints[STORE_REPLY_INTS_MAX];
 	size_t want = 0, at = 0;
@@ -462,12 +456,12 @@ batch_deliver(struct store *st, struct store_batch *b, const redisReply *reply)
 	for (size_t i = 0; i < b->sb_n; i++)
 		want += LIMITER_REPLY_INTS(b->sb_nlimits[i]);
 	if (reply->elements != want) {
-		batch_fail(st, b, STORE_ERROR, "script reply has the wrong length");
+		batch_fail(b, STORE_ERROR, "script reply has the wrong length");
 		return;
 	}
 	for (size_t i = 0; i < reply->elements; i++)
 		if (reply->element[i]->type != REDIS_REPLY_INTEGER) {
-			batch_fail(st, b, STORE_ERROR, "script reply is not integers");
+			batch_fail(b, STORE_ERROR, "script reply is not integers");
 			return;
 		}
 	for (size_t i = 0; i < b->sb_n; i++) {
@@ -492,18 +486,18 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 		st->st_progress_us = now_us();
 	}
 	if (reply == NULL)
-		batch_fail(st, b, STORE_DISCONNECTED, NULL);
+		batch_fail(b, STORE_DISCONNECTED, NULL);
 	else if (reply->type == REDIS_REPLY_ERROR) {
 		if (strncmp(reply->str, "NOSCRIPT", 8) == 0) {
 			/* Queued ahead of the checks' retries. */
 			load_script(st);
-			batch_fail(st, b, STORE_NOSCRIPT, NULL);
+			batch_fail(b, STORE_NOSCRIPT, NULL);
 		} else
-			batch_fail(st, b, STORE_ERROR, reply->str);
+			batch_fail(b, STORE_ERROR, reply->str);
 	} else if (reply->type == REDIS_REPLY_ARRAY)
-		batch_deliver(st, b, reply);
+		batch_deliver(b, reply);
 	else
-		batch_fail(st, b, STORE_ERROR, "unexpected script reply");
+		batch_fail(b, STORE_ERROR, "unexpected script reply");
 	batch_put(st, b);
 }
 
@@ -536,7 +530,7 @@ on_flush(evutil_socket_t fd, short what, void *arg)
 		if (st->st_state != STORE_UP || st->st_ac == NULL) {
 			/* The link went down after these were queued. */
 			while ((call = queue_pop(st)) != NULL)
-				call_fail(st, call, STORE_DISCONNECTED, NULL);
+				call_fail(call, STORE_DISCONNECTED, NULL);
 			return;
 		}
 		b = batch_get(st);
@@ -550,7 +544,7 @@ on_flush(evutil_socket_t fd, short what, void *arg)
 		limiter_finish(&st->st_cmd, st->st_sha);
 		if (redisAsyncFormattedCommand(st->st_ac, on_batch_reply, b,
 		    st->st_cmd.resp, st->st_cmd.resplen) != REDIS_OK) {
-			batch_fail(st, b, STORE_DISCONNECTED, NULL);
+			batch_fail(b, STORE_DISCONNECTED, NULL);
 			batch_put(st, b);
 			continue;
 		}
@@ -570,10 +564,8 @@ on_flush(evutil_socket_t fd, short what, void *arg)
 int
 store_eval(struct store *st, struct store_call *call, store_cb cb, void *arg)
 {
-	if (st->st_state != STORE_UP || st->st_ac == NULL) {
-		metrics_redis_error(st->st_metrics, REDIS_ERROR_DISCONNECTED);
+	if (st->st_state != STORE_UP || st->st_ac == NULL)
 		return -1;
-	}
 	call->sc_store = st;
 	call->sc_cb = cb;
 	call->sc_arg = arg;

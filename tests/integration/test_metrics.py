@@ -167,6 +167,32 @@ def test_redis_timeout_counted(ops_daemon, redis_server):
                       .headers.get("X-RateLimit-Remaining") != "-1", timeout=3)
 
 
+def test_each_failed_check_counted_once(ops_daemon, redis_server):
+    """A check answered at its deadline counts one `timeout`; when the link
+    is later dropped because the paused Redis never answers, those calls
+    fail again inside the store, but their checks were answered already and
+    must not be counted a second time as `disconnected`."""
+    d = ops_daemon(TWO_ROUTES)
+    assert check(d, "/check/api/x", headers={"X-Key": "k"}).status_code == 200
+    redis_server.pause()
+    try:
+        for key in ("a", "b"):
+            r = check(d, "/check/api/x", headers={"X-Key": key})
+            assert r.headers.get("X-RateLimit-Remaining") == "-1"
+        # no reply for 1 s with calls pending: the link is dropped
+        assert wait_until(lambda: "dropping the link" in d.log(), timeout=5), d.log()
+        assert wait_until(lambda: scrape(d).get("ratelimitd_redis_connected") == 0, timeout=3)
+        m = scrape(d)
+        assert m.checks("lim", "failed_open") == 2
+        assert m.get("ratelimitd_redis_errors_total", kind="timeout") == 2, m.text
+        assert m.get("ratelimitd_redis_errors_total", kind="disconnected") == 0, m.text
+        assert m.get("ratelimitd_redis_errors_total", kind="error") == 0, m.text
+    finally:
+        redis_server.resume()
+    assert wait_until(lambda: scrape(d).get("ratelimitd_redis_connected") == 1, timeout=5)
+    assert scrape(d).sum("ratelimitd_redis_errors_total") == 2
+
+
 def test_in_flight_gauge_counts_held_checks(ops_daemon):
     """leaky_bucket with delay holds allowed replies: while they wait,
     ratelimitd_in_flight counts them; afterwards it is back to 0."""
