@@ -89,6 +89,9 @@ struct store {
 	size_t			 st_inflight;	/* checks sent, not answered */
 	long long		 st_progress_us; /* last reply or first send */
 	int			 st_logged_down; /* "still down" logged once */
+	/* A refused AUTH, SELECT or SCRIPT LOAD logged once per outage: a
+	 * wrong password fails every attempt the same way. */
+	int			 st_logged_handshake;
 
 	int			 st_max_batch;	/* redis.max_batch */
 	int			 st_cluster;	/* a Cluster node: one check a call */
@@ -197,8 +200,11 @@ on_handshake_reply(redisAsyncContext *ac, void *r, void *privdata)
 		return;
 	if (reply->type == REDIS_REPLY_ERROR) {
 		/* The message is Redis's own and never contains the password. */
-		log_warnx("redis %s: %s failed: %s", st->st_address,
-		    (const char *)privdata, reply->str);
+		if (!st->st_logged_handshake)
+			log_warnx("redis %s: %s failed: %s", st->st_address,
+			    (const char *)privdata, reply->str);
+		st->st_logged_handshake = 1;
+		st->st_logged_down = 1;
 		store_drop(st, NULL);
 	}
 }
@@ -216,8 +222,11 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 	if (reply == NULL)
 		return;
 	if (reply->type != REDIS_REPLY_STRING || reply->len != 40) {
-		log_warnx("redis %s: SCRIPT LOAD failed: %s", st->st_address,
-		    reply->type == REDIS_REPLY_ERROR ? reply->str : "unexpected reply");
+		if (!st->st_logged_handshake)
+			log_warnx("redis %s: SCRIPT LOAD failed: %s", st->st_address,
+			    reply->type == REDIS_REPLY_ERROR ? reply->str : "unexpected reply");
+		st->st_logged_handshake = 1;
+		st->st_logged_down = 1;
 		store_drop(st, NULL);
 		return;
 	}
@@ -230,6 +239,7 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 		if (st->st_logged_down || log_enabled(LOG_LEVEL_DEBUG))
 			log_info("redis %s: connected", st->st_address);
 		st->st_logged_down = 0;
+		st->st_logged_handshake = 0;
 		set_state(st, STORE_UP);
 	}
 }

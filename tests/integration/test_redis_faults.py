@@ -296,7 +296,16 @@ def test_wrong_password_fails_open_and_is_not_logged(start_daemon, tmp_path):
         assert requests.get(d.url("/readyz"), timeout=2).status_code == 503
         assert_fail_open(d, n=3)
         assert all_keys(rs.client()) == set()
-        time.sleep(0.2)
+        # several attempts (backoff 50 ms, 100 ms, ... 1 s), one line
+        time.sleep(1.6)
+        assert wrong not in d.log()
+        assert d.log().count("AUTH failed") == 1, d.log()
+        # the password becomes right: limiting resumes, and that is logged
+        rs.client().config_set("requirepass", wrong)
+        assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=2).status_code == 200,
+                          timeout=3), d.log()
+        assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+        assert "connected" in d.log().split("AUTH failed", 1)[1]
         assert wrong not in d.log()
     finally:
         rs.stop()
