@@ -153,10 +153,22 @@ reload(struct env *env, const char *why)
 		stat(env->config->path, &env->loaded_stat);	/* not again */
 		return;
 	}
+	/* The socket and threads stay as they are; so does what the policy
+	 * says of them, or /v1/policy would show values not in force (and the
+	 * next reload would warn again for a file put back as it was). */
 	if (strcmp(c->listen, env->config->listen) != 0 ||
-	    (c->workers != env->config->workers))
+	    (c->workers != env->config->workers)) {
+		char workers[16] = "auto";
+
+		if (env->config->workers > 0)
+			snprintf(workers, sizeof(workers), "%d", env->config->workers);
 		log_warnx("reload: server.listen and server.workers take effect "
-		    "only on restart");
+		    "only on restart; in force: listen %s, workers %s",
+		    env->config->listen, workers);
+		free(c->listen);
+		c->listen = xstrdup(env->config->listen);
+		c->workers = env->config->workers;
+	}
 	assign_metric_ids(c);
 	log_configure((enum log_level)c->log_level, (enum log_format)c->log_format);
 	for (int i = 0; i < env->nworkers; i++)

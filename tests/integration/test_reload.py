@@ -112,6 +112,30 @@ def test_reload_on_in_place_edit(ops_daemon):
     assert counted(d, "k1") == 200
 
 
+def test_listen_and_workers_stay_in_force_and_in_the_policy(ops_daemon):
+    """A reload that changes server.listen or server.workers applies the
+    rest and warns once; /v1/policy keeps showing the address and worker
+    count actually in force, and putting the file back does not warn
+    again."""
+    d = ops_daemon(policy(route("api", "/api/", fw(3))))
+    other = free_port()
+    with open(d.policy_path, "w") as f:
+        f.write(render(d, policy(route("api", "/api/", fw(7)),
+                                 server="  workers: 2\n").replace(
+            "127.0.0.1:%d" % d.port, "127.0.0.1:%d" % other)))
+    assert wait_policy_limit(d, "api", 7, timeout=RELOAD_S), get_policy(d)
+    server = get_policy(d)["server"]
+    assert server["listen"] == "127.0.0.1:%d" % d.port, server
+    assert server["workers"] == 1, server
+    assert d.log().count("only on restart") == 1, d.log()
+    assert "in force: listen 127.0.0.1:%d, workers 1" % d.port in d.log(), d.log()
+    # put back as it was (with another quota, to see the reload): no warning
+    with open(d.policy_path, "w") as f:
+        f.write(render(d, policy(route("api", "/api/", fw(9)))))
+    assert wait_policy_limit(d, "api", 9, timeout=RELOAD_S), get_policy(d)
+    assert d.log().count("only on restart") == 1, d.log()
+
+
 def test_reload_on_atomic_rename(ops_daemon):
     """Write a temporary file and rename it over the policy (vim, ansible)."""
     d = ops_daemon(policy(route("api", "/api/", fw(3))))
