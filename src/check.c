@@ -109,7 +109,7 @@ check_get(struct worker *w, struct http_request *req, int json)
 	ck->ck_retried = 0;
 	ck->ck_redis_pending = 0;
 	ck->ck_phase = CHECK_WAITING;
-	ck->ck_start_us = mono_us();
+	ck->ck_start_us = request_arrival_us(req);
 	ck->ck_config = config_ref(w->w_config);
 	LIST_INSERT_HEAD(&w->w_active, ck, ck_entry);
 	w->w_nactive++;

@@ -60,6 +60,7 @@ struct http_request {
 	size_t		 rq_body_len;
 	int		 rq_keepalive;
 	int		 rq_head;		/* HEAD: headers only */
+	long long	 rq_arrival_us;		/* see request_arrival_us */
 	/* Not cleared per request (2.4 kB): only the first rq_nheaders count. */
 	struct header	 rq_headers[SERVER_HEADERS_COUNT_MAX];
 	char		 rq_out[SERVER_OUT_HEADERS_MAX]; /* "Name: value\r\n"... */
@@ -74,6 +75,7 @@ struct conn {
 	struct event	*c_write_ev;		/* only while output is queued */
 	struct event	*c_idle_ev;		/* idle, linger, or reply timeout */
 	long long	 c_active_us;		/* last read or reply, coarse */
+	long long	 c_read_us;		/* last read with bytes, exact */
 	char		*c_in;
 	size_t		 c_in_len, c_in_cap;
 	int		 c_head_parsed;		/* c_req holds a parsed head */
@@ -120,6 +122,15 @@ coarse_now_us(void)
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static long long
+now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
@@ -576,6 +587,7 @@ conn_process(struct conn *c)
 		rq->rq_body_len = c->c_body_need;
 		c->c_req_len = c->c_head_len + c->c_body_need;
 		rq->rq_out_len = 0;
+		rq->rq_arrival_us = c->c_read_us;
 		c->c_pending = 1;
 		srv->s_handler(rq, srv->s_arg);
 	}
@@ -610,6 +622,7 @@ on_read(evutil_socket_t fd, short what, void *arg)
 	n = read(fd, c->c_in + c->c_in_len, c->c_in_cap - c->c_in_len);
 	if (n > 0) {
 		c->c_in_len += (size_t)n;
+		c->c_read_us = now_us();
 		if (!c->c_pending)
 			c->c_active_us = coarse_now_us();
 		conn_process(c);
@@ -758,6 +771,12 @@ server_free(struct server *srv)
 		conn_free(LIST_FIRST(&srv->s_conns));
 	event_free(srv->s_accept_retry_ev);
 	free(srv);
+}
+
+long long
+request_arrival_us(const struct http_request *req)
+{
+	return req->rq_arrival_us;
 }
 
 const char *

@@ -27,6 +27,10 @@ void server_stop_accepting(struct server *srv);
 void server_free(struct server *srv);
 
 const char *request_method(const struct http_request *req);
+/* When the request arrived (CLOCK_MONOTONIC, us): the last read before it
+ * was handed over, so a pipelined request that waited in the buffer behind
+ * others counts from when its bytes came, not from when its turn came. */
+long long request_arrival_us(const struct http_request *req);
 /* The request target as sent (path and query). */
 const char *request_uri(const struct http_request *req);
 /* A header's value (case-insensitive name; the first if repeated) or NULL. */

@@ -161,6 +161,34 @@ def test_redis_paused_replies_within_deadline(start_daemon, redis_server):
     assert 429 in statuses
 
 
+def test_pipelined_checks_each_within_the_deadline(start_daemon, redis_server):
+    """Checks pipelined on one connection are answered in order, each by
+    redis.timeout after it arrived: one waiting in the buffer behind others
+    counts from when its bytes came, not from when its turn came (else the
+    fifth of five would answer after 5 x timeout)."""
+    d = start_daemon(policy(route("r", "/"), timeout="200ms"))
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+    redis_server.pause()
+    try:
+        one = b"GET /check/x HTTP/1.1\r\nHost: x\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", d.port), timeout=5) as s:
+            t0 = time.monotonic()
+            s.sendall(one * 5)
+            buf, times = b"", []
+            while len(times) < 5:
+                data = s.recv(65536)
+                assert data, "connection closed after %d replies" % len(times)
+                buf += data
+                while len(times) < buf.count(b"HTTP/1.1 "):
+                    times.append(time.monotonic() - t0)
+        assert buf.count(b"HTTP/1.1 200 ") == 5, buf
+        assert buf.count(b"X-RateLimit-Remaining: -1\r\n") == 5, buf
+        assert max(times) < 0.2 + SLACK_S, ["%.3f" % t for t in times]
+    finally:
+        redis_server.resume()
+    assert wait_until(lambda: limited_again(d), timeout=3), d.log()
+
+
 def test_paused_redis_under_concurrency_and_client_aborts(start_daemon, redis_server):
     d = start_daemon(SIMPLE)
     redis_server.pause()
