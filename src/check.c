@@ -257,9 +257,11 @@ check_finish(struct check *ck, enum check_outcome outcome)
 	case OUTCOME_MISSING_KEY:
 		result = RESULT_DENIED;
 		status = 403;
+		/* The same body as /check's, plus the verdict a JSON client
+		 * reads first. */
 		if (ck->ck_json)
-			http_reply_json_error(req, 403, "no client key for route %s",
-			    route->name);
+			http_reply_json(req, 403, json_pack("{s:b,s:s,s:s}", "allowed", 0,
+			    "error", "missing_key", "route", route->name));
 		else
 			http_reply_json(req, 403, json_pack("{s:s,s:s}", "error",
 			    "missing_key", "route", route->name));
@@ -598,10 +600,23 @@ check_json(struct worker *w, struct http_request *req)
 	int global = 0;
 	struct check *ck;
 
-	body = json_loadb(data, len, JSON_REJECT_DUPLICATES, &err);
+	if (len == 0) {
+		http_reply_json_error(req, 400, "empty body: expected a JSON object");
+		return;
+	}
+	/* Any value decodes, so that a string or null is told it is not an
+	 * object rather than that it is malformed. */
+	body = json_loadb(data, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &err);
 	if (body == NULL) {
+		const char *why = err.text;
+
+		/* jansson's own wording names its flags and says little. */
+		if (strstr(why, "JSON_ALLOW_NUL"))
+			why = "\\u0000 is not allowed in a string";
+		else if (strstr(why, "too big"))
+			why = "number too big";
 		http_reply_json_error(req, 400, "malformed JSON at line %d column %d: %s",
-		    err.line, err.column, err.text);
+		    err.line, err.column, why);
 		return;
 	}
 	if (!json_is_object(body)) {

@@ -178,7 +178,19 @@ def test_malformed_json_is_400(json_daemon, body):
 @pytest.mark.parametrize("body", ["[]", "null", "42", '"route"', "true"])
 def test_non_object_is_400(json_daemon, body):
     d = json_daemon[0]
-    err(vcheck(d, body))
+    assert "json object" in err(vcheck(d, body))
+
+
+@pytest.mark.parametrize("body,says", [
+    (b"", "empty body"),
+    (b'{"route":"api","key":"a\\u0000b"}', "\\u0000 is not allowed"),
+    (b'{"route":"api","key":"k","cost":99999999999999999999}', "number too big"),
+])
+def test_json_errors_say_what_is_wrong(json_daemon, body, says):
+    """In our words, with the position where there is one; never the
+    decoder's own flag names."""
+    msg = err(vcheck(json_daemon[0], body))
+    assert says in msg and "json_" not in msg, msg
 
 
 @pytest.mark.parametrize("body,field", [
@@ -239,6 +251,15 @@ def test_deeply_nested_json_is_400(start_daemon):
     err(vcheck(d, "[" * 20000 + "]" * 20000))
     err(vcheck(d, '{"route":"api","key":"k","x":' + "[" * 20000 + "]" * 20000 + "}"))
     assert requests.get(d.url("/healthz"), timeout=2).status_code == 200
+
+
+def test_describe_form_without_client_key_is_a_403_verdict(start_daemon):
+    """No client key under missing_key: deny: the body /check answers, plus
+    the verdict field a JSON client reads first."""
+    d = start_daemon(JSON_POLICY)
+    r = vcheck(d, {"method": "GET", "path": "/s/x"})
+    assert r.status_code == 403, r.text
+    assert r.json() == {"allowed": False, "error": "missing_key", "route": "single"}
 
 
 def test_bad_ip_and_missing_key_are_400(start_daemon):
