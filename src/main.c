@@ -12,6 +12,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <libgen.h>
 #include <netdb.h>
 #include <signal.h>
@@ -58,10 +59,10 @@ static void
 usage(FILE *fp)
 {
 	fprintf(fp,
-	    "usage: ratelimitd -c FILE      run with this policy file\n"
-	    "       ratelimitd -t -c FILE   validate the policy file and exit\n"
-	    "       ratelimitd -v           print the version\n"
-	    "       ratelimitd -h           print this help\n");
+	    "usage: ratelimitd -c FILE      run with this policy file (--config)\n"
+	    "       ratelimitd -t -c FILE   validate the policy file and exit (--test)\n"
+	    "       ratelimitd -v           print the version (--version)\n"
+	    "       ratelimitd -h           print this help (--help)\n");
 }
 
 static void
@@ -343,10 +344,18 @@ run(const char *path)
 int
 main(int argc, char **argv)
 {
+	/* The long forms people type by habit. */
+	static const struct option longopts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "test", no_argument, NULL, 't' },
+		{ "help", no_argument, NULL, 'h' },
+		{ "version", no_argument, NULL, 'v' },
+		{ NULL, 0, NULL, 0 }
+	};
 	const char *path = NULL;
 	int test_only = 0, ch;
 
-	while ((ch = getopt(argc, argv, "c:thv")) != -1) {
+	while ((ch = getopt_long(argc, argv, "c:thv", longopts, NULL)) != -1) {
 		switch (ch) {
 		case 'c':
 			path = optarg;
