@@ -30,6 +30,10 @@
 #define QUOTA_MAX	1000000000000LL
 #define NAME_MAX_LEN	64
 #define SLIDING_BUCKETS_MAX 1000	/* window/precision: bounds Redis memory */
+/* sliding_window_log stores one sorted-set member per unit of cost, and a
+ * request may cost up to its route's largest quota: at limit 1e12 one
+ * request of cost 10^6 held Redis for a second and took 134 MB. */
+#define SLIDING_LOG_MAX	10000
 #define YAML_DEPTH_MAX	32
 
 enum node_type { NODE_SCALAR, NODE_MAPPING, NODE_SEQUENCE };
@@ -929,6 +933,13 @@ limit_finish(struct loader *ld, struct limit_draft *d)
 		if (d->limit_nd && get_int(ld, d->limit_nd, "limit", 1, QUOTA_MAX,
 		    &l->quota) == -1)
 			bad = 1;
+		else if (d->limit_nd && l->algorithm == ALGORITHM_SLIDING_WINDOW_LOG &&
+		    l->quota > SLIDING_LOG_MAX) {
+			node_error(ld, d->limit_nd, "limit: sliding_window_log keeps "
+			    "one entry per request unit, so at most %d (use "
+			    "sliding_window_counter for larger limits)", SLIDING_LOG_MAX);
+			bad = 1;
+		}
 		if (d->window_nd && get_duration(ld, d->window_nd, "window",
 		    &l->window_us) == -1)
 			bad = 1;

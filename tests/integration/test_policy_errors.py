@@ -352,3 +352,46 @@ def test_crlf_file_lines_and_columns(tmp_path):
     with open(good, "wb") as f:
         f.write(("\r\n".join(BASE) + "\r\n").encode())
     assert validate(good).returncode == 0
+
+
+# --- messages found by the audit of `-t` --------------------------------
+
+def bad_text(tmp_path, text, name="policy.yaml"):
+    """Writes `text` (str or bytes) and returns run_bad's (line, col, msg) list."""
+    p = os.path.join(str(tmp_path), name)
+    with open(p, "wb") as f:
+        f.write(text if isinstance(text, bytes) else text.encode())
+    return run_bad(p)
+
+
+def one_route(limits, extra=""):
+    """A policy with one route whose `limits:` block is `limits` (lines at
+    six spaces); the first limit is on line 6."""
+    return ("routes:\n"
+            "  - name: r\n"
+            "    match: { prefix: / }\n" + extra +
+            "    limits:\n" + "".join("      - %s\n" % l for l in limits))
+
+
+SWL = "{ algorithm: sliding_window_log, limit: %s, window: 1m }"
+
+
+def test_sliding_window_log_limit_is_capped(tmp_path):
+    # One sorted-set member per unit of cost: a huge limit lets one costly
+    # request block Redis, so the loader refuses it, at the value.
+    text = one_route([SWL % "10001"], "    key: ip\n")
+    errs = bad_text(tmp_path, text)
+    line = text.splitlines()[5]
+    assert errs == [(6, col_of(line, "10001"),
+                     "limit: sliding_window_log keeps one entry per request unit, "
+                     "so at most 10000 (use sliding_window_counter for larger limits)")]
+    # overrides' limits too
+    text = one_route([SWL % "5"]) + \
+        "    overrides:\n      - { keys: [k], limits: [ %s ] }\n" % (SWL % "1000000000000")
+    errs = bad_text(tmp_path, text)
+    assert [(l, m.split(" keeps")[0]) for l, _, m in errs] == [(7, "limit: sliding_window_log")]
+    # the cap itself is fine, and other window algorithms keep the wide range
+    path = write(tmp_path, one_route([SWL % "10000",
+        "{ algorithm: sliding_window_counter, limit: 1000000000000, window: 1m }"]).splitlines())
+    p = validate(path)
+    assert p.returncode == 0, p.stderr.decode()
