@@ -200,15 +200,119 @@ yaml_read_node(struct loader *ld, yaml_parser_t *parser, yaml_event_t *first,
 	}
 }
 
+/* Reads line `line` (0-based, as libyaml counts: \n, \r\n or \r ends one)
+ * of fp into buf, without its break; -1 if it is missing or too long. */
+static int
+source_line(FILE *fp, size_t line, char *buf, size_t size)
+{
+	size_t n = 0, cur = 0;
+	int ch;
+
+	rewind(fp);
+	while (cur < line && (ch = getc(fp)) != EOF) {
+		if (ch == '\r') {
+			if ((ch = getc(fp)) != '\n' && ch != EOF)
+				ungetc(ch, fp);
+			cur++;
+		} else if (ch == '\n')
+			cur++;
+	}
+	if (cur < line)
+		return -1;
+	while ((ch = getc(fp)) != EOF && ch != '\n' && ch != '\r') {
+		if (n + 1 >= size)
+			return -1;
+		buf[n++] = (char)ch;
+	}
+	buf[n] = '\0';
+	/* libyaml drops a byte order mark before it counts columns */
+	if (line == 0 && strncmp(buf, "\xef\xbb\xbf", 3) == 0)
+		memmove(buf, buf + 3, n - 2);
+	return 0;
+}
+
+/*
+ * Whether the unquoted word at or just before character column `col` of
+ * `text` looks like a bare IPv6 address: it starts with ':' (after any
+ * bracket) or contains "::". YAML 1.1 cannot start a plain scalar with ':'
+ * in a flow collection, so `[127.0.0.1/32, ::1/128]` and `listen:
+ * [::1]:8080` are syntax errors that libyaml words in terms of nodes and
+ * flows; quoting is the fix, and saying so saves a trip to the YAML spec.
+ */
+static int
+looks_like_bare_ipv6(const char *text, size_t col)
+{
+	static const char delims[] = " \t,[]{}";
+	const char *p = text, *word = NULL;
+	size_t c = 0, wlen = 0;
+	int quoted = 0;
+
+	while (*p) {
+		const char *start;
+		size_t cstart = c;
+		int q = 0;
+
+		if (strchr(delims, *p)) {
+			p++;
+			c++;
+			continue;
+		}
+		if (*p == '#' && (p == text || strchr(delims, p[-1])))
+			break;		/* a comment */
+		if (cstart > col)
+			break;
+		start = p;
+		if (*p == '"' || *p == '\'') {
+			char quote = *p;
+
+			/* '' and \" do not end a quoted scalar */
+			for (q = 1, p++, c++; *p; p++) {
+				if ((*p & 0xc0) != 0x80)
+					c++;
+				if (quote == '"' && *p == '\\' && p[1]) {
+					p++;
+					c++;
+				} else if (*p == quote && quote == '\'' && p[1] == '\'') {
+					p++;
+					c++;
+				} else if (*p == quote) {
+					p++;
+					break;
+				}
+			}
+		} else {
+			for (; *p && !strchr(delims, *p); p++)
+				if ((*p & 0xc0) != 0x80)
+					c++;
+		}
+		word = start;
+		wlen = (size_t)(p - start);
+		quoted = q;
+	}
+	if (word == NULL || quoted)
+		return 0;
+	return (word[0] == ':' && wlen > 1) ||
+	    memmem(word, wlen, "::", 2) != NULL;
+}
+
 static void
-yaml_report_parser_error(struct loader *ld, yaml_parser_t *parser)
+yaml_report_parser_error(struct loader *ld, yaml_parser_t *parser, FILE *fp)
 {
 	const yaml_mark_t *m = parser->problem ? &parser->problem_mark :
 	    &parser->context_mark;
+	const char *hint = "";
+	char text[1024];
 
-	errorf(ld, (int)m->line + 1, (int)m->column + 1, "YAML syntax error: %s%s%s",
+	if ((parser->error == YAML_SCANNER_ERROR ||
+	    parser->error == YAML_PARSER_ERROR) &&
+	    parser->encoding == YAML_UTF8_ENCODING &&
+	    source_line(fp, m->line, text, sizeof(text)) == 0 &&
+	    looks_like_bare_ipv6(text, m->column))
+		hint = " (quote IPv6 addresses: \"::1/128\", \"[::1]:8080\")";
+	errorf(ld, (int)m->line + 1, (int)m->column + 1, "YAML syntax error: %s%s%s%s",
 	    parser->problem ? parser->problem : "unknown problem",
-	    parser->context ? " " : "", parser->context ? parser->context : "");
+	    parser->context ? " " : "", parser->context ? parser->context : "",
+	    hint);
 }
 
 /* Parses the file into one document's root node, or NULL (errors reported). */
@@ -254,7 +358,7 @@ yaml_load_file(struct loader *ld, FILE *fp)
 		yaml_event_delete(&ev);
 	}
 	if (failed && parser.error != YAML_NO_ERROR)
-		yaml_report_parser_error(ld, &parser);
+		yaml_report_parser_error(ld, &parser, fp);
 	yaml_parser_delete(&parser);
 	if (failed) {
 		node_free(root);

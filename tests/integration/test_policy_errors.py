@@ -395,3 +395,44 @@ def test_sliding_window_log_limit_is_capped(tmp_path):
         "{ algorithm: sliding_window_counter, limit: 1000000000000, window: 1m }"]).splitlines())
     p = validate(path)
     assert p.returncode == 0, p.stderr.decode()
+
+
+IPV6_HINT = ' (quote IPv6 addresses: "::1/128", "[::1]:8080")'
+
+
+@pytest.mark.parametrize("lineno,text,token", [
+    # the SPEC's own example: YAML 1.1 cannot start a plain scalar with ':'
+    # inside a flow collection
+    (8, "trusted_proxies: [127.0.0.1/32, ::1/128]", "::1/128"),
+    (8, "trusted_proxies: [::1/128,127.0.0.1/32]", "::1/128"),
+    (8, "trusted_proxies: { a: ::1 }", "::1 }"),
+    (2, "  listen: [::1]:8080", "::1]"),
+    (2, "  listen: [fe80::1]:8080   # link-local", "]:8080"),
+    (5, "  address: [::1]:6379", "::1]"),
+])
+def test_yaml_error_on_bare_ipv6_hints_at_quotes(tmp_path, lineno, text, token):
+    lines = variant({lineno: text})
+    errs = run_bad(write(tmp_path, lines))
+    assert len(errs) == 1, errs
+    line, col, msg = errs[0]
+    # the error keeps libyaml's position; the hint is appended
+    assert (line, col) == (lineno, col_of(text, token) + (token == "]:8080")), errs
+    assert msg.startswith("YAML syntax error: ") and msg.endswith(IPV6_HINT), errs
+
+
+def test_yaml_error_on_multiline_flow_list_hints_at_quotes(tmp_path):
+    lines = variant({8: "trusted_proxies: ["}, insert={9: ["  127.0.0.1/32,", "  ::1/128", "]"]})
+    errs = run_bad(write(tmp_path, lines))
+    assert [(l, c) for l, c, _ in errs] == [(10, 3)], errs
+    assert errs[0][2].endswith(IPV6_HINT), errs
+
+
+@pytest.mark.parametrize("lineno,text", [
+    (18, "    key: ip: x"),                                      # not an address
+    (8, "trusted_proxies: ['::1/128', ] ]"),                    # quoted, error after it
+    (8, "trusted_proxies: [\"::1/128\"] x   # not [::1]"),       # error on another word
+    (8, "trusted_proxies: [\"::1/128\", 10.0.0.1}"),
+])
+def test_yaml_error_without_bare_ipv6_has_no_hint(tmp_path, lineno, text):
+    errs = run_bad(write(tmp_path, variant({lineno: text})))
+    assert errs and all("YAML syntax error" in m and "IPv6" not in m for _, _, m in errs), errs
