@@ -939,8 +939,8 @@ struct limit_draft {
 	struct limit	 l;
 	const struct node *node;
 	int		 has_algorithm;
-	const struct node *limit_nd, *window_nd, *precision_nd, *rate_nd,
-			 *burst_nd, *delay_nd;
+	const struct node *name_nd, *limit_nd, *window_nd, *precision_nd,
+			 *rate_nd, *burst_nd, *delay_nd;
 };
 
 static int
@@ -948,6 +948,7 @@ on_limit_name(struct loader *ld, const struct node *nd, const char *key, void *t
 {
 	struct limit_draft *d = t;
 
+	d->name_nd = nd;
 	if (get_string(ld, nd, key, &d->l.name) == -1)
 		return -1;
 	if (!valid_name(d->l.name)) {
@@ -1129,6 +1130,8 @@ limit_set_free(struct limit_set *set)
 static int
 parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 {
+	/* Per accepted limit, its name node, or its mapping when unnamed. */
+	const struct node **where;
 	int bad = 0;
 
 	if (nd->type != NODE_SEQUENCE) {
@@ -1144,6 +1147,7 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 		return -1;
 	}
 	set->limits = xcalloc(nd->nitems, sizeof(*set->limits));
+	where = xcalloc(nd->nitems, sizeof(*where));
 	for (size_t i = 0; i < nd->nitems; i++) {
 		struct limit_draft d;
 		unsigned long seen;
@@ -1168,6 +1172,7 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 			bad = 1;
 			continue;
 		}
+		where[set->nlimits] = d.name_nd ? d.name_nd : d.node;
 		set->limits[set->nlimits++] = d.l;
 		if (d.l.quota > set->max_quota)
 			set->max_quota = d.l.quota;
@@ -1185,13 +1190,18 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 		l->name = seq == 1 ? xstrdup(algorithm_names[l->algorithm]) :
 		    xasprintf("%s-%d", algorithm_names[l->algorithm], seq);
 	}
+	/* Reported at the later of the two, as duplicate route names are. */
 	for (size_t i = 0; i < set->nlimits; i++)
 		for (size_t j = 0; j < i; j++)
 			if (strcmp(set->limits[i].name, set->limits[j].name) == 0) {
-				node_error(ld, nd, "limits: two limits are named \"%s\"",
-				    set->limits[i].name);
+				node_error(ld, where[i], "limits: two limits are named "
+				    "\"%s\"%s", set->limits[i].name,
+				    where[i]->type == NODE_MAPPING ? " (this one by "
+				    "default, after its algorithm)" : "");
 				bad = 1;
+				break;
 			}
+	free(where);
 	return bad ? -1 : 0;
 }
 

@@ -366,7 +366,7 @@ def bad_text(tmp_path, text, name="policy.yaml"):
 
 def one_route(limits, extra=""):
     """A policy with one route whose `limits:` block is `limits` (lines at
-    six spaces); the first limit is on line 6."""
+    six spaces); the first limit is on line 5, after `extra`'s lines."""
     return ("routes:\n"
             "  - name: r\n"
             "    match: { prefix: / }\n" + extra +
@@ -436,3 +436,22 @@ def test_yaml_error_on_multiline_flow_list_hints_at_quotes(tmp_path):
 def test_yaml_error_without_bare_ipv6_has_no_hint(tmp_path, lineno, text):
     errs = run_bad(write(tmp_path, variant({lineno: text})))
     assert errs and all("YAML syntax error" in m and "IPv6" not in m for _, _, m in errs), errs
+
+
+FW = "{ name: %s, algorithm: fixed_window, limit: 1, window: 1s }"
+
+
+def test_duplicate_limit_name_points_at_the_duplicate(tmp_path):
+    lines = BASE[:13] + ["      - " + FW % n for n in ("a", "b", "b")]
+    errs = run_bad(write(tmp_path, lines))
+    assert errs == [(16, col_of(lines[15], "b,"), 'limits: two limits are named "b"')], errs
+
+
+def test_duplicate_default_limit_name_points_at_the_later_limit(tmp_path):
+    # unnamed limits are named after their algorithm, then -2, -3...
+    unnamed = "{ algorithm: fixed_window, limit: 2, window: 1m }"
+    errs = bad_text(tmp_path, one_route([unnamed, unnamed, FW % "fixed_window-2"]))
+    assert errs == [(7, 17, 'limits: two limits are named "fixed_window-2"')], errs
+    errs = bad_text(tmp_path, one_route([FW % "fixed_window-2", unnamed]))
+    assert errs == [(6, 9, 'limits: two limits are named "fixed_window-2" '
+                     '(this one by default, after its algorithm)')], errs
