@@ -35,6 +35,8 @@
  * request of cost 10^6 held Redis for a second and took 134 MB. */
 #define SLIDING_LOG_MAX	10000
 #define YAML_DEPTH_MAX	32
+#define ECHO_SIZE	160	/* a user's value echoed in a message, escaped */
+#define ECHO_SLOTS	4	/* echoed values one message may hold */
 
 enum node_type { NODE_SCALAR, NODE_MAPPING, NODE_SEQUENCE };
 
@@ -52,6 +54,8 @@ struct node {
 struct loader {
 	const char		*path;
 	struct config_errors	*errors;
+	char			 echo[ECHO_SLOTS][ECHO_SIZE]; /* see echo() */
+	unsigned		 necho;
 };
 
 static unsigned long config_generation;
@@ -80,6 +84,31 @@ errorf(struct loader *ld, int line, int col, const char *fmt, ...)
 }
 
 #define node_error(ld, nd, ...) errorf((ld), (nd)->line, (nd)->col, __VA_ARGS__)
+
+/*
+ * The user's text s made safe to print in a message: control bytes, bytes
+ * of 0x80 and up, quotes and backslashes escaped as log_escape does, and
+ * long text cut with "...". A policy may come from anywhere, and its bytes
+ * end up on a terminal or in a log. The result lives in one of the
+ * loader's ECHO_SLOTS buffers, enough for the values of one message.
+ */
+static const char *
+echo(struct loader *ld, const char *s)
+{
+	char *buf = ld->echo[ld->necho++ % ECHO_SLOTS];
+	size_t len = strlen(s), need = 0;
+
+	for (size_t i = 0; i < len; i++) {
+		unsigned char c = (unsigned char)s[i];
+
+		need += c == '"' || c == '\\' ? 2 : c < 0x20 || c >= 0x7f ? 4 : 1;
+	}
+	if (need < ECHO_SIZE)
+		return log_escape(buf, ECHO_SIZE, s, len);
+	log_escape(buf, ECHO_SIZE - 3, s, len);
+	strcat(buf, "...");
+	return buf;
+}
 
 void
 config_errors_free(struct config_errors *errors)
@@ -422,7 +451,8 @@ get_int(struct loader *ld, const struct node *nd, const char *key,
 	errno = 0;
 	v = strtoll(nd->value, &end, 10);
 	if (!nd->plain || end == nd->value || *end != '\0' || errno != 0) {
-		node_error(ld, nd, "%s: expected an integer, got \"%s\"", key, nd->value);
+		node_error(ld, nd, "%s: expected an integer, got \"%s\"", key,
+		    echo(ld, nd->value));
 		return -1;
 	}
 	if (v < min || v > max) {
@@ -449,7 +479,8 @@ get_bool(struct loader *ld, const struct node *nd, const char *key, int *out)
 		*out = 0;
 		return 0;
 	}
-	node_error(ld, nd, "%s: expected true or false, got \"%s\"", key, nd->value);
+	node_error(ld, nd, "%s: expected true or false, got \"%s\"", key,
+	    echo(ld, nd->value));
 	return -1;
 }
 
@@ -537,7 +568,7 @@ get_duration(struct loader *ld, const struct node *nd, const char *key,
 	if (want_scalar(ld, nd, key) == -1)
 		return -1;
 	if (config_parse_duration(nd->value, out, &cause) == -1) {
-		node_error(ld, nd, "%s: \"%s\": %s", key, nd->value, cause);
+		node_error(ld, nd, "%s: \"%s\": %s", key, echo(ld, nd->value), cause);
 		return -1;
 	}
 	return 0;
@@ -614,7 +645,7 @@ walk_mapping(struct loader *ld, const struct node *map, const char *where,
 				strncat(known, table[j = t].name, sizeof(known) - strlen(known) - 1);
 			}
 			node_error(ld, k, "%s: unknown key \"%s\" (expected one of: %s)",
-			    where, k->value, known);
+			    where, echo(ld, k->value), known);
 			continue;
 		}
 		if (*seen & (1UL << j)) {
@@ -709,7 +740,7 @@ on_address(struct loader *ld, const struct node *nd, const char *key, char **out
 	if (get_string(ld, nd, key, out) == -1)
 		return -1;
 	if (validate_listen(*out, &cause) == -1) {
-		node_error(ld, nd, "%s: \"%s\": %s", key, *out, cause);
+		node_error(ld, nd, "%s: \"%s\": %s", key, echo(ld, *out), cause);
 		return -1;
 	}
 	return 0;
@@ -899,7 +930,8 @@ get_enum(struct loader *ld, const struct node *nd, const char *key,
 		strncat(list, i ? ", " : "", sizeof(list) - strlen(list) - 1);
 		strncat(list, names[i], sizeof(list) - strlen(list) - 1);
 	}
-	node_error(ld, nd, "%s: \"%s\" is not one of: %s", key, nd->value, list);
+	node_error(ld, nd, "%s: \"%s\" is not one of: %s", key,
+	    echo(ld, nd->value), list);
 	return -1;
 }
 
@@ -952,11 +984,8 @@ on_limit_name(struct loader *ld, const struct node *nd, const char *key, void *t
 	if (get_string(ld, nd, key, &d->l.name) == -1)
 		return -1;
 	if (!valid_name(d->l.name)) {
-		char esc[NAME_MAX_LEN * 4 + 8];
-
-		log_escape(esc, sizeof(esc), d->l.name, strlen(d->l.name));
 		node_error(ld, nd, "%s: \"%s\" must be 1-%d characters of "
-		    "A-Z a-z 0-9 _ - .", key, esc, NAME_MAX_LEN);
+		    "A-Z a-z 0-9 _ - .", key, echo(ld, d->l.name), NAME_MAX_LEN);
 		return -1;
 	}
 	return 0;
@@ -1084,7 +1113,7 @@ limit_finish(struct loader *ld, struct limit_draft *d)
 			else if (config_parse_rate(d->rate_nd->value, &l->rate_n,
 			    &l->rate_period_us, &cause) == -1) {
 				node_error(ld, d->rate_nd, "rate: \"%s\": %s",
-				    d->rate_nd->value, cause);
+				    echo(ld, d->rate_nd->value), cause);
 				bad = 1;
 			}
 		}
@@ -1103,7 +1132,8 @@ limit_finish(struct loader *ld, struct limit_draft *d)
 			    9007199254740992.0L) {
 				node_error(ld, d->burst_nd, "burst: %lld with rate \"%s\" is "
 				    "too large to count exactly; use a smaller burst or a "
-				    "rate over a shorter period", l->quota, d->rate_nd->value);
+				    "rate over a shorter period", l->quota,
+				    echo(ld, d->rate_nd->value));
 				bad = 1;
 			}
 		}
@@ -1223,11 +1253,8 @@ on_route_name(struct loader *ld, const struct node *nd, const char *key, void *t
 	if (get_string(ld, nd, key, &d->r.name) == -1)
 		return -1;
 	if (!valid_name(d->r.name)) {
-		char esc[NAME_MAX_LEN * 4 + 8];
-
-		log_escape(esc, sizeof(esc), d->r.name, strlen(d->r.name));
 		node_error(ld, nd, "%s: \"%s\" must be 1-%d characters of "
-		    "A-Z a-z 0-9 _ - .", key, esc, NAME_MAX_LEN);
+		    "A-Z a-z 0-9 _ - .", key, echo(ld, d->r.name), NAME_MAX_LEN);
 		return -1;
 	}
 	return 0;
@@ -1245,7 +1272,8 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
 		return -1;
 	d->r.path_kind = kind;
 	if (kind != PATH_REGEX && d->r.path[0] != '/') {
-		node_error(ld, nd, "%s: \"%s\" must start with /", key, d->r.path);
+		node_error(ld, nd, "%s: \"%s\" must start with /", key,
+		    echo(ld, d->r.path));
 		return -1;
 	}
 	if (kind == PATH_REGEX) {
@@ -1255,7 +1283,7 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
 			char msg[256];
 
 			regerror(rc, &d->r.regex, msg, sizeof(msg));
-			node_error(ld, nd, "regex: \"%s\": %s", d->r.path, msg);
+			node_error(ld, nd, "regex: \"%s\": %s", echo(ld, d->r.path), msg);
 			d->r.path_kind = PATH_ANY;
 			return -1;
 		}
@@ -1314,7 +1342,7 @@ on_match_methods(struct loader *ld, const struct node *nd, const char *key, void
 		}
 		if (!valid_token(m)) {
 			node_error(ld, nd->items[i], "%s: \"%s\" is not an HTTP method",
-			    key, m);
+			    key, echo(ld, m));
 			free(m);
 			bad = 1;
 			continue;
@@ -1382,7 +1410,7 @@ parse_key_source(struct loader *ld, const struct node *nd, struct key_source *ks
 			if (named[i].type == KEY_HEADER ? !valid_token(nd->value + pl) :
 			    nd->value[pl] == '\0') {
 				node_error(ld, nd, "key: \"%s\" needs a valid name after "
-				    "\"%s\"", nd->value, named[i].prefix);
+				    "\"%s\"", echo(ld, nd->value), named[i].prefix);
 				return -1;
 			}
 			ks->type = named[i].type;
@@ -1391,7 +1419,7 @@ parse_key_source(struct loader *ld, const struct node *nd, struct key_source *ks
 		}
 	}
 	node_error(ld, nd, "key: \"%s\" is not a key source (ip, header:NAME, "
-	    "query:NAME, cookie:NAME, global)", nd->value);
+	    "query:NAME, cookie:NAME, global)", echo(ld, nd->value));
 	return -1;
 }
 
@@ -1647,7 +1675,7 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 		for (size_t j = 0; d.r.name && j < nnames; j++)
 			if (strcmp(names[j], d.r.name) == 0)
 				node_error(ld, d.name_nd, "route: duplicate route name "
-				    "\"%s\"", d.r.name);
+				    "\"%s\"", echo(ld, d.r.name));
 		if (d.r.name)
 			names[nnames++] = xstrdup(d.r.name);
 		if (ld->errors->n != nerr) {
@@ -1690,7 +1718,7 @@ on_trusted_proxies(struct loader *ld, const struct node *nd, const char *key, vo
 		}
 		if (config_parse_cidr(it->value, &c->trusted_proxies[c->ntrusted_proxies]) == -1) {
 			node_error(ld, it, "%s: \"%s\" is not an IP address or CIDR range",
-			    key, it->value);
+			    key, echo(ld, it->value));
 			bad = 1;
 			continue;
 		}
@@ -1807,7 +1835,7 @@ config_unref(struct config *config)
 struct config *
 config_load(const char *path, struct config_errors *errors)
 {
-	struct loader ld = { path, errors };
+	struct loader ld = { .path = path, .errors = errors };
 	struct config *c;
 	struct node *root;
 	unsigned long seen;

@@ -455,3 +455,50 @@ def test_duplicate_default_limit_name_points_at_the_later_limit(tmp_path):
     errs = bad_text(tmp_path, one_route([FW % "fixed_window-2", unnamed]))
     assert errs == [(6, 9, 'limits: two limits are named "fixed_window-2" '
                      '(this one by default, after its algorithm)')], errs
+
+
+# Each line puts a control byte (YAML escape \x01) into a value that the
+# error message echoes.
+@pytest.mark.parametrize("lineno,text", [
+    (18, r'    key: "header:X\x01"'),
+    (18, r'    key: "bogus\x01"'),
+    (22, r'        limit: "5\x01"'),
+    (3, r'  ietf_headers: "yes\x01"'),
+    (23, r'        window: "1\x01s"'),
+    (6, r'  timeout: "1s\x01"'),
+    (9, r'"colour\x01": red'),
+    (2, r'  listen: "nowhere\x01"'),
+    (5, r'  address: "127.0.0.1:1\x01"'),
+    (7, r'failure_mode: "open\x01"'),
+    (21, r'        algorithm: "fixed_window\x01"'),
+    (14, r'      - { name: burst, algorithm: token_bucket, rate: "10/s\x01", burst: 20 }'),
+    (11, r'    match: { prefix: "api\x01", methods: [GET, POST] }'),
+    (11, r'    match: { prefix: /api/, methods: ["G\x01T"] }'),
+    (17, r'    match: { regex: "^/v[0-9+/\x01" }'),
+    (16, r'  - name: "api\x01"'),
+    (8, r'trusted_proxies: [127.0.0.1/32, "::1/128\x01"]'),
+])
+def test_messages_escape_user_strings(tmp_path, lineno, text):
+    lines = variant({lineno: text})
+    if lineno == 9:
+        lines = variant(insert={9: [text]})
+    path = write(tmp_path, lines)
+    p = validate(path)
+    assert p.returncode == 1
+    err = p.stderr
+    assert not [b for b in err if b < 0x20 and b != 0x0a], err
+    assert b"\\x01" in err, err
+    run_bad(path)
+
+
+def test_duplicate_of_an_invalid_route_name_is_escaped(tmp_path):
+    lines = variant({10: r'  - name: "a\x01"', 16: r'  - name: "a\x01"'})
+    errs = run_bad(write(tmp_path, lines))
+    assert (16, 11, r'route: duplicate route name "a\x01"') in errs, errs
+
+
+def test_long_values_are_cut_in_messages(tmp_path):
+    lines = variant({18: "    key: bogus" + "x" * 2000})
+    errs = run_bad(write(tmp_path, lines))
+    assert len(errs) == 1 and '"bogus' in errs[0][2] and 'xxx..."' in errs[0][2], errs
+    assert len(errs[0][2]) < 400, errs
