@@ -450,7 +450,14 @@ get_int(struct loader *ld, const struct node *nd, const char *key,
 		return -1;
 	errno = 0;
 	v = strtoll(nd->value, &end, 10);
-	if (!nd->plain || end == nd->value || *end != '\0' || errno != 0) {
+	/* "5" prints like 5, so a bare "got \"5\"" would read as nonsense. */
+	if (!nd->plain) {
+		node_error(ld, nd, "%s: expected an integer, got the string \"%s\"%s",
+		    key, echo(ld, nd->value), end != nd->value && *end == '\0' &&
+		    errno == 0 ? " (remove the quotes)" : "");
+		return -1;
+	}
+	if (end == nd->value || *end != '\0' || errno != 0) {
 		node_error(ld, nd, "%s: expected an integer, got \"%s\"", key,
 		    echo(ld, nd->value));
 		return -1;
@@ -467,20 +474,26 @@ get_int(struct loader *ld, const struct node *nd, const char *key,
 static int
 get_bool(struct loader *ld, const struct node *nd, const char *key, int *out)
 {
+	static const char *const words[] = { "false", "False", "FALSE",
+	    "true", "True", "TRUE" };
+	size_t i;
+
 	if (want_scalar(ld, nd, key) == -1)
 		return -1;
-	if (nd->plain && (strcmp(nd->value, "true") == 0 ||
-	    strcmp(nd->value, "True") == 0 || strcmp(nd->value, "TRUE") == 0)) {
-		*out = 1;
+	for (i = 0; i < sizeof(words) / sizeof(words[0]); i++)
+		if (strcmp(nd->value, words[i]) == 0)
+			break;
+	if (nd->plain && i < sizeof(words) / sizeof(words[0])) {
+		*out = i >= 3;
 		return 0;
 	}
-	if (nd->plain && (strcmp(nd->value, "false") == 0 ||
-	    strcmp(nd->value, "False") == 0 || strcmp(nd->value, "FALSE") == 0)) {
-		*out = 0;
-		return 0;
-	}
-	node_error(ld, nd, "%s: expected true or false, got \"%s\"", key,
-	    echo(ld, nd->value));
+	if (!nd->plain)
+		node_error(ld, nd, "%s: expected true or false, got the string "
+		    "\"%s\"%s", key, echo(ld, nd->value),
+		    i < sizeof(words) / sizeof(words[0]) ? " (remove the quotes)" : "");
+	else
+		node_error(ld, nd, "%s: expected true or false, got \"%s\"", key,
+		    echo(ld, nd->value));
 	return -1;
 }
 

@@ -502,3 +502,19 @@ def test_long_values_are_cut_in_messages(tmp_path):
     errs = run_bad(write(tmp_path, lines))
     assert len(errs) == 1 and '"bogus' in errs[0][2] and 'xxx..."' in errs[0][2], errs
     assert len(errs[0][2]) < 400, errs
+
+
+@pytest.mark.parametrize("lineno,text,token,msg", [
+    (22, '        limit: "5"', '"5"',
+     'limit: expected an integer, got the string "5" (remove the quotes)'),
+    (3, "  deny_status: '403'", "'403'",
+     'deny_status: expected an integer, got the string "403" (remove the quotes)'),
+    (3, '  ietf_headers: "true"', '"true"',
+     'ietf_headers: expected true or false, got the string "true" (remove the quotes)'),
+    # quotes are not the problem here, so no advice to remove them
+    (22, '        limit: "many"', '"many"', 'limit: expected an integer, got the string "many"'),
+    (22, "        limit: many", "many", 'limit: expected an integer, got "many"'),
+])
+def test_quoted_numbers_and_booleans_say_they_are_strings(tmp_path, lineno, text, token, msg):
+    errs = run_bad(write(tmp_path, variant({lineno: text})))
+    assert errs == [(lineno, col_of(text, token), msg)], errs
