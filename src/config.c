@@ -457,6 +457,12 @@ get_int(struct loader *ld, const struct node *nd, const char *key,
 		    errno == 0 ? " (remove the quotes)" : "");
 		return -1;
 	}
+	if (end != nd->value && *end == '\0' && errno == ERANGE) {
+		/* beyond 64 bits, but an integer all the same */
+		node_error(ld, nd, "%s: %s is out of range [%lld, %lld]", key,
+		    echo(ld, nd->value), min, max);
+		return -1;
+	}
 	if (end == nd->value || *end != '\0' || errno != 0) {
 		node_error(ld, nd, "%s: expected an integer, got \"%s\"", key,
 		    echo(ld, nd->value));

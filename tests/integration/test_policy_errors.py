@@ -518,3 +518,19 @@ def test_long_values_are_cut_in_messages(tmp_path):
 def test_quoted_numbers_and_booleans_say_they_are_strings(tmp_path, lineno, text, token, msg):
     errs = run_bad(write(tmp_path, variant({lineno: text})))
     assert errs == [(lineno, col_of(text, token), msg)], errs
+
+
+@pytest.mark.parametrize("lineno,text,value,rng", [
+    (22, "        limit: 9223372036854775808", "9223372036854775808", "[1, 1000000000000]"),
+    (22, "        limit: 99999999999999999999999", "99999999999999999999999",
+     "[1, 1000000000000]"),
+    (22, "        limit: -99999999999999999999999", "-99999999999999999999999",
+     "[1, 1000000000000]"),
+    (3, "  deny_status: 18446744073709551616", "18446744073709551616", "[400, 599]"),
+    # what values that fit in 64 bits already got
+    (22, "        limit: 1000000000001", "1000000000001", "[1, 1000000000000]"),
+])
+def test_huge_integers_are_out_of_range(tmp_path, lineno, text, value, rng):
+    key = text.split(":")[0].strip()
+    errs = run_bad(write(tmp_path, variant({lineno: text})))
+    assert errs == [(lineno, col_of(text, value), "%s: %s is out of range %s" % (key, value, rng))], errs
