@@ -503,16 +503,30 @@ get_bool(struct loader *ld, const struct node *nd, const char *key, int *out)
 	return -1;
 }
 
+/* Duration units, smallest first. */
+static const struct {
+	const char	*unit;
+	long long	 us;
+} duration_units[] = {
+	{ "ms", US_PER_MS }, { "s", US_PER_S }, { "m", 60 * US_PER_S },
+	{ "h", 3600 * US_PER_S }, { "d", 86400 * US_PER_S },
+};
+#define NUNITS	(sizeof(duration_units) / sizeof(duration_units[0]))
+
+/* The cause for "1.5s": callers compare against it to add advice. */
+static const char duration_fraction[] =
+    "durations are whole numbers of a unit (ms, s, m, h or d)";
+
 int
 config_parse_duration(const char *s, long long *us, const char **cause)
 {
-	static const struct { const char *unit; long long us; } units[] = {
-		{ "ms", US_PER_MS }, { "s", US_PER_S }, { "m", 60 * US_PER_S },
-		{ "h", 3600 * US_PER_S }, { "d", 86400 * US_PER_S },
-	};
 	const char *p = s;
 	long long n = 0;
 
+	if (*p == '.') {
+		*cause = duration_fraction;
+		return -1;
+	}
 	if (!isdigit((unsigned char)*p)) {
 		*cause = "expected a duration such as 250ms, 1s, 10m, 1h or 1d";
 		return -1;
@@ -525,13 +539,17 @@ config_parse_duration(const char *s, long long *us, const char **cause)
 		}
 		p++;
 	}
-	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-		if (strcmp(p, units[i].unit) == 0) {
-			if (n > DURATION_MAX_US / units[i].us) {
+	if (*p == '.') {
+		*cause = duration_fraction;
+		return -1;
+	}
+	for (size_t i = 0; i < NUNITS; i++) {
+		if (strcmp(p, duration_units[i].unit) == 0) {
+			if (n > DURATION_MAX_US / duration_units[i].us) {
 				*cause = "duration is too long (at most 366d)";
 				return -1;
 			}
-			*us = n * units[i].us;
+			*us = n * duration_units[i].us;
 			if (*us == 0) {
 				*cause = "duration must be greater than zero";
 				return -1;
@@ -563,7 +581,7 @@ config_parse_rate(const char *s, long long *n, long long *period_us,
 		return -1;
 	}
 	slash++;
-	if (isdigit((unsigned char)*slash))
+	if (isdigit((unsigned char)*slash) || *slash == '.')
 		return config_parse_duration(slash, period_us, cause);
 	/* A bare unit means one of it: "10/s" is "10/1s". */
 	if (strlen(slash) >= sizeof(unit) - 1) {
@@ -578,16 +596,68 @@ config_parse_rate(const char *s, long long *n, long long *period_us,
 	return 0;
 }
 
+/*
+ * Advice after duration_fraction for the duration text s ("1.5s"), into
+ * buf: the same time as a whole number of the largest unit that fits,
+ * written as a rate "count/..." when count >= 0, or else an example.
+ */
+static const char *
+fraction_advice(char *buf, size_t size, const char *s, long long count)
+{
+	long long whole = 0, frac = 0, scale = 1, unit = 0, us;
+	const char *p = s;
+	size_t i;
+
+	snprintf(buf, size, ", such as 1500ms");
+	for (; isdigit((unsigned char)*p) && whole <= DURATION_MAX_US; p++)
+		whole = whole * 10 + (*p - '0');
+	if (*p++ != '.' || !isdigit((unsigned char)*p))
+		return buf;
+	/* six digits keep frac * unit within 64 bits */
+	for (; isdigit((unsigned char)*p) && scale < 1000000; p++) {
+		frac = frac * 10 + (*p - '0');
+		scale *= 10;
+	}
+	for (i = 0; i < NUNITS; i++)
+		if (strcmp(p, duration_units[i].unit) == 0)
+			unit = duration_units[i].us;
+	if (unit == 0 || whole > DURATION_MAX_US / unit)
+		return buf;
+	us = whole * unit + frac * unit / scale;
+	if (us > DURATION_MAX_US)
+		return buf;
+	if (us == 0) {
+		snprintf(buf, size, ", greater than zero");
+		return buf;
+	}
+	if (frac * unit % scale != 0 || us % US_PER_MS != 0) {
+		snprintf(buf, size, ", and 1ms is the smallest");
+		return buf;
+	}
+	for (i = NUNITS; us % duration_units[i - 1].us != 0; i--)
+		;
+	if (count >= 0)
+		snprintf(buf, size, "; write \"%lld/%lld%s\"", count,
+		    us / duration_units[i - 1].us, duration_units[i - 1].unit);
+	else
+		snprintf(buf, size, "; write %lld%s", us / duration_units[i - 1].us,
+		    duration_units[i - 1].unit);
+	return buf;
+}
+
 static int
 get_duration(struct loader *ld, const struct node *nd, const char *key,
     long long *out)
 {
 	const char *cause;
+	char advice[64];
 
 	if (want_scalar(ld, nd, key) == -1)
 		return -1;
 	if (config_parse_duration(nd->value, out, &cause) == -1) {
-		node_error(ld, nd, "%s: \"%s\": %s", key, echo(ld, nd->value), cause);
+		node_error(ld, nd, "%s: \"%s\": %s%s", key, echo(ld, nd->value), cause,
+		    cause == duration_fraction ? fraction_advice(advice,
+		    sizeof(advice), nd->value, -1) : "");
 		return -1;
 	}
 	return 0;
@@ -1131,8 +1201,15 @@ limit_finish(struct loader *ld, struct limit_draft *d)
 				bad = 1;
 			else if (config_parse_rate(d->rate_nd->value, &l->rate_n,
 			    &l->rate_period_us, &cause) == -1) {
-				node_error(ld, d->rate_nd, "rate: \"%s\": %s",
-				    echo(ld, d->rate_nd->value), cause);
+				char advice[64] = "";
+
+				/* the count parsed (into rate_n) before the period */
+				if (cause == duration_fraction)
+					fraction_advice(advice, sizeof(advice),
+					    strchr(d->rate_nd->value, '/') + 1,
+					    l->rate_n);
+				node_error(ld, d->rate_nd, "rate: \"%s\": %s%s",
+				    echo(ld, d->rate_nd->value), cause, advice);
 				bad = 1;
 			}
 		}

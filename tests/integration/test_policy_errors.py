@@ -534,3 +534,27 @@ def test_huge_integers_are_out_of_range(tmp_path, lineno, text, value, rng):
     key = text.split(":")[0].strip()
     errs = run_bad(write(tmp_path, variant({lineno: text})))
     assert errs == [(lineno, col_of(text, value), "%s: %s is out of range %s" % (key, value, rng))], errs
+
+
+WHOLE = "durations are whole numbers of a unit (ms, s, m, h or d)"
+
+
+@pytest.mark.parametrize("lineno,text,token,msg", [
+    (23, '        window: "1.5s"', '"1.5s"', 'window: "1.5s": %s; write 1500ms' % WHOLE),
+    (23, "        window: 1.5m", "1.5m", 'window: "1.5m": %s; write 90s' % WHOLE),
+    (23, "        window: 0.5d", "0.5d", 'window: "0.5d": %s; write 12h' % WHOLE),
+    (23, "        window: .25s", ".25s", 'window: ".25s": %s; write 250ms' % WHOLE),
+    (6, "  timeout: 0.05s", "0.05s", 'timeout: "0.05s": %s; write 50ms' % WHOLE),
+    (23, "        window: 1.5.3m", "1.5.3m", 'window: "1.5.3m": %s, such as 1500ms' % WHOLE),
+    (23, "        window: 0.5ms", "0.5ms", 'window: "0.5ms": %s, and 1ms is the smallest' % WHOLE),
+    (23, "        window: 0.0s", "0.0s", 'window: "0.0s": %s, greater than zero' % WHOLE),
+    (14, '      - { name: burst, algorithm: token_bucket, rate: "10/1.5s", burst: 20 }',
+     '"10/1.5s"', 'rate: "10/1.5s": %s; write "10/1500ms"' % WHOLE),
+    (14, '      - { name: burst, algorithm: token_bucket, rate: "10/.5s", burst: 20 }',
+     '"10/.5s"', 'rate: "10/.5s": %s; write "10/500ms"' % WHOLE),
+    # not a fraction: the unit is the problem
+    (23, "        window: 10x", "10x", 'window: "10x": unknown duration unit (use ms, s, m, h or d)'),
+])
+def test_fractional_durations_say_whole_numbers(tmp_path, lineno, text, token, msg):
+    errs = run_bad(write(tmp_path, variant({lineno: text})))
+    assert errs == [(lineno, col_of(text, token), msg)], errs

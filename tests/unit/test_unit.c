@@ -102,7 +102,14 @@ test_durations(void)
 	CHECK(config_parse_duration("s", &us, &cause) == -1);
 	CHECK(config_parse_duration("0s", &us, &cause) == -1);
 	CHECK(config_parse_duration("-1s", &us, &cause) == -1);
-	CHECK(config_parse_duration("1.5s", &us, &cause) == -1);
+	CHECK(config_parse_duration("1.5s", &us, &cause) == -1 &&
+	    strstr(cause, "whole numbers") != NULL);
+	CHECK(config_parse_duration(".5s", &us, &cause) == -1 &&
+	    strstr(cause, "whole numbers") != NULL);
+	CHECK(config_parse_rate("10/1.5s", &n, &p, &cause) == -1 &&
+	    strstr(cause, "whole numbers") != NULL);
+	CHECK(config_parse_rate("10/.5s", &n, &p, &cause) == -1 &&
+	    strstr(cause, "whole numbers") != NULL);
 	CHECK(config_parse_duration("99999999999999999999d", &us, &cause) == -1);
 	CHECK(config_parse_rate("10/s", &n, &p, &cause) == 0 && n == 10 && p == 1000000);
 	CHECK(config_parse_rate("600/m", &n, &p, &cause) == 0 && n == 600 && p == 60000000);
