@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include <yaml.h>
 
@@ -325,13 +326,20 @@ looks_like_bare_ipv6(const char *text, size_t col)
 }
 
 static void
-yaml_report_parser_error(struct loader *ld, yaml_parser_t *parser, FILE *fp)
+yaml_report_parser_error(struct loader *ld, yaml_parser_t *parser, FILE *fp,
+    int read_errno)
 {
 	const yaml_mark_t *m = parser->problem ? &parser->problem_mark :
 	    &parser->context_mark;
 	const char *hint = "";
 	char text[1024];
 
+	/* libyaml words a failed read(2) as "input error" */
+	if (parser->error == YAML_READER_ERROR && ferror(fp)) {
+		errorf(ld, (int)m->line + 1, (int)m->column + 1, "cannot read: %s",
+		    strerror(read_errno));
+		return;
+	}
 	if ((parser->error == YAML_SCANNER_ERROR ||
 	    parser->error == YAML_PARSER_ERROR) &&
 	    parser->encoding == YAML_UTF8_ENCODING &&
@@ -351,12 +359,13 @@ yaml_load_file(struct loader *ld, FILE *fp)
 	yaml_parser_t parser;
 	yaml_event_t ev;
 	struct node *root = NULL;
-	int ndocs = 0, failed = 0;
+	int ndocs = 0, failed = 0, read_errno = 0;
 
 	yaml_parser_initialize(&parser);
 	yaml_parser_set_input_file(&parser, fp);
 	for (;;) {
 		if (!yaml_parser_parse(&parser, &ev)) {
+			read_errno = errno;
 			failed = 1;
 			break;
 		}
@@ -387,7 +396,7 @@ yaml_load_file(struct loader *ld, FILE *fp)
 		yaml_event_delete(&ev);
 	}
 	if (failed && parser.error != YAML_NO_ERROR)
-		yaml_report_parser_error(ld, &parser, fp);
+		yaml_report_parser_error(ld, &parser, fp, read_errno);
 	yaml_parser_delete(&parser);
 	if (failed) {
 		node_free(root);
@@ -1935,14 +1944,18 @@ config_load(const char *path, struct config_errors *errors)
 	struct config *c;
 	struct node *root;
 	unsigned long seen;
+	struct stat st;
 	FILE *fp;
 
 	memset(errors, 0, sizeof(*errors));
 	if ((fp = fopen(path, "r")) == NULL) {
-		errors->lines = xmalloc(sizeof(char *));
-		errors->lines[0] = xasprintf("%s:1:1: cannot open: %s", path,
-		    strerror(errno));
-		errors->n = 1;
+		errorf(&ld, 1, 1, "cannot open: %s", strerror(errno));
+		return NULL;
+	}
+	/* fopen takes a directory; reading it would fail as "input error" */
+	if (fstat(fileno(fp), &st) == 0 && S_ISDIR(st.st_mode)) {
+		errorf(&ld, 1, 1, "is a directory, not a policy file");
+		fclose(fp);
 		return NULL;
 	}
 	root = yaml_load_file(&ld, fp);

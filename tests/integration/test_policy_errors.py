@@ -558,3 +558,34 @@ WHOLE = "durations are whole numbers of a unit (ms, s, m, h or d)"
 def test_fractional_durations_say_whole_numbers(tmp_path, lineno, text, token, msg):
     errs = run_bad(write(tmp_path, variant({lineno: text})))
     assert errs == [(lineno, col_of(text, token), msg)], errs
+
+
+def test_directory_says_it_is_a_directory(tmp_path):
+    path = str(tmp_path)
+    assert run_bad(path) == [(1, 1, "is a directory, not a policy file")]
+
+
+def test_read_error_names_the_cause(tmp_path):
+    # reading /proc/self/mem at offset 0 fails with EIO after a good open
+    assert run_bad("/proc/self/mem") == [(1, 1, "cannot read: Input/output error")]
+
+
+def test_missing_and_unreadable_files_say_why(tmp_path):
+    missing = os.path.join(str(tmp_path), "nope.yaml")
+    assert run_bad(missing) == [(1, 1, "cannot open: No such file or directory")]
+    path = write(tmp_path, BASE)
+    os.chmod(path, 0)
+    if os.geteuid() != 0:
+        assert run_bad(path) == [(1, 1, "cannot open: Permission denied")]
+        return
+    # root reads anything, so try as nobody (who cannot reach tmp_path
+    # either: the same EACCES)
+    setpriv = "/usr/bin/setpriv"
+    if not os.path.exists(setpriv):
+        pytest.skip("running as root without setpriv")
+    import subprocess
+    from helpers import BIN
+    p = subprocess.run([setpriv, "--reuid=65534", "--regid=65534", "--clear-groups",
+                        BIN, "-t", "-c", path], capture_output=True, timeout=10)
+    assert p.returncode == 1
+    assert p.stderr.decode() == "%s:1:1: cannot open: Permission denied\n" % path
