@@ -331,8 +331,8 @@ yaml_report_parser_error(struct loader *ld, yaml_parser_t *parser, FILE *fp,
 {
 	const yaml_mark_t *m = parser->problem ? &parser->problem_mark :
 	    &parser->context_mark;
-	const char *hint = "";
-	char text[1024];
+	const char *hint = "", *what = NULL;
+	char text[1024], start[128] = "";
 
 	/* libyaml words a failed read(2) as "input error" */
 	if (parser->error == YAML_READER_ERROR && ferror(fp)) {
@@ -346,10 +346,27 @@ yaml_report_parser_error(struct loader *ld, yaml_parser_t *parser, FILE *fp,
 	    source_line(fp, m->line, text, sizeof(text)) == 0 &&
 	    looks_like_bare_ipv6(text, m->column))
 		hint = " (quote IPv6 addresses: \"::1/128\", \"[::1]:8080\")";
-	errorf(ld, (int)m->line + 1, (int)m->column + 1, "YAML syntax error: %s%s%s%s",
+	/*
+	 * An unterminated quote or bracket is only noticed where the file
+	 * ends or the next token fails, maybe many lines on; the position
+	 * stays that (it is where parsing failed), and the context ("while
+	 * scanning a quoted scalar") gets where its construct began.
+	 */
+	if (parser->problem && parser->context &&
+	    parser->context_mark.line != parser->problem_mark.line) {
+		if (strncmp(parser->context, "while scanning ", 15) == 0)
+			what = parser->context + 15;
+		else if (strncmp(parser->context, "while parsing ", 14) == 0)
+			what = parser->context + 14;
+		if (what && (strncmp(what, "a ", 2) == 0 || strncmp(what, "an ", 3) == 0))
+			snprintf(start, sizeof(start), " (the %s starts at %d:%d)",
+			    strchr(what, ' ') + 1, (int)parser->context_mark.line + 1,
+			    (int)parser->context_mark.column + 1);
+	}
+	errorf(ld, (int)m->line + 1, (int)m->column + 1, "YAML syntax error: %s%s%s%s%s",
 	    parser->problem ? parser->problem : "unknown problem",
 	    parser->context ? " " : "", parser->context ? parser->context : "",
-	    hint);
+	    start, hint);
 }
 
 /* Parses the file into one document's root node, or NULL (errors reported). */

@@ -589,3 +589,27 @@ def test_missing_and_unreadable_files_say_why(tmp_path):
                         BIN, "-t", "-c", path], capture_output=True, timeout=10)
     assert p.returncode == 1
     assert p.stderr.decode() == "%s:1:1: cannot open: Permission denied\n" % path
+
+
+def test_unterminated_quote_says_where_the_scalar_starts(tmp_path):
+    lines = ["server:", "  listen: 127.0.0.1:8080", "redis:", "  address: 127.0.0.1:6379",
+             "routes:", "  - name: r", "    match: { prefix: / }", '    key: "ip',
+             "    limits:", "      - { algorithm: fixed_window, limit: 1, window: 1s }",
+             "  # end"]
+    errs = run_bad(write(tmp_path, lines))
+    # libyaml finds out at the end of the file; that position stays
+    assert errs == [(12, 1, "YAML syntax error: found unexpected end of stream while "
+                     "scanning a quoted scalar (the quoted scalar starts at 8:10)")], errs
+
+
+def test_unclosed_flow_list_says_where_it_starts(tmp_path):
+    lines = variant({12: "    key: [header:X-Api-Key, ip"})
+    errs = run_bad(write(tmp_path, lines))
+    assert errs == [(13, 11, "YAML syntax error: did not find expected ',' or ']' while "
+                     "parsing a flow sequence (the flow sequence starts at 12:10)")], errs
+
+
+def test_syntax_error_within_one_line_adds_no_start(tmp_path):
+    errs = run_bad(write(tmp_path, variant({18: "    key: ip: x"})))
+    assert errs == [(18, 12, "YAML syntax error: mapping values are not allowed "
+                     "in this context")], errs
