@@ -1202,12 +1202,25 @@ limit_finish(struct loader *ld, struct limit_draft *d)
 			if (l->precision_us < US_PER_MS ||
 			    l->window_us % l->precision_us != 0 ||
 			    l->window_us / l->precision_us > SLIDING_BUCKETS_MAX) {
-				errorf(ld, d->precision_nd ? d->precision_nd->line :
-				    d->node->line, d->precision_nd ?
-				    d->precision_nd->col : d->node->col,
-				    "precision: must be at least 1ms, divide the "
-				    "window evenly, and give at most %d buckets",
-				    SLIDING_BUCKETS_MAX);
+				if (d->precision_nd)
+					node_error(ld, d->precision_nd, "precision: "
+					    "must be at least 1ms, divide the window "
+					    "evenly, and give at most %d buckets",
+					    SLIDING_BUCKETS_MAX);
+				/*
+				 * The user never wrote a precision, so say this
+				 * one is the default. Windows are whole ms, so
+				 * window/10 always divides them into 10 buckets
+				 * and can only fail by being under 1ms.
+				 */
+				else
+					node_error(ld, d->node, "precision: the "
+					    "default, window/10 = %lld.%lldms, is under "
+					    "the 1ms minimum; set precision (1ms or "
+					    "more, dividing the window evenly) or use "
+					    "a window of 10ms or more",
+					    l->precision_us / US_PER_MS,
+					    l->precision_us % US_PER_MS / 100);
 				bad = 1;
 			}
 		}

@@ -613,3 +613,23 @@ def test_syntax_error_within_one_line_adds_no_start(tmp_path):
     errs = run_bad(write(tmp_path, variant({18: "    key: ip: x"})))
     assert errs == [(18, 12, "YAML syntax error: mapping values are not allowed "
                      "in this context")], errs
+
+
+def test_default_precision_too_fine_says_it_is_the_default(tmp_path):
+    errs = bad_text(tmp_path, one_route(
+        ["{ algorithm: sliding_window_counter, limit: 5, window: 5ms }"]))
+    assert errs == [(5, 9, "precision: the default, window/10 = 0.5ms, is under the "
+                     "1ms minimum; set precision (1ms or more, dividing the window "
+                     "evenly) or use a window of 10ms or more")], errs
+    # with it set, the window works
+    path = write(tmp_path, one_route(
+        ["{ algorithm: sliding_window_counter, limit: 5, window: 5ms, precision: 1ms }"]).splitlines())
+    assert validate(path).returncode == 0
+
+
+def test_explicit_precision_keeps_its_message(tmp_path):
+    text = one_route(["{ algorithm: sliding_window_counter, limit: 5, window: 1m, precision: 7s }"])
+    errs = bad_text(tmp_path, text)
+    assert errs == [(5, col_of(text.splitlines()[4], "7s"),
+                     "precision: must be at least 1ms, divide the window evenly, "
+                     "and give at most 1000 buckets")], errs
