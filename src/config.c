@@ -51,10 +51,18 @@ struct node {
 	size_t		  nitems;
 };
 
+/* Where an error is, to print them in file order (errors_sort). */
+struct error_pos {
+	int	 line, col;
+	size_t	 seq;		/* order found, for ties */
+	char	*text;
+};
+
 /* What a loader pass carries around. */
 struct loader {
 	const char		*path;
 	struct config_errors	*errors;
+	struct error_pos	*pos;	/* one per errors->lines[] */
 	char			 echo[ECHO_SLOTS][ECHO_SIZE]; /* see echo() */
 	unsigned		 necho;
 };
@@ -81,7 +89,45 @@ errorf(struct loader *ld, int line, int col, const char *fmt, ...)
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	e->lines = xrealloc(e->lines, (e->n + 1) * sizeof(*e->lines));
+	ld->pos = xrealloc(ld->pos, (e->n + 1) * sizeof(*ld->pos));
+	ld->pos[e->n].line = line;
+	ld->pos[e->n].col = col;
 	e->lines[e->n++] = xasprintf("%s:%d:%d: %s", ld->path, line, col, msg);
+}
+
+static int
+error_pos_cmp(const void *a, const void *b)
+{
+	const struct error_pos *x = a, *y = b;
+
+	if (x->line != y->line)
+		return x->line < y->line ? -1 : 1;
+	if (x->col != y->col)
+		return x->col < y->col ? -1 : 1;
+	return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+/*
+ * Puts the errors in file order (line, then column, then as found). The
+ * walk finds them out of order: a limit's parameters are checked in a
+ * fixed order, and a missing key or a duplicate is only known after the
+ * children that come after it in the file.
+ */
+static void
+errors_sort(struct loader *ld)
+{
+	struct config_errors *e = ld->errors;
+
+	for (size_t i = 0; i < e->n; i++) {
+		ld->pos[i].seq = i;
+		ld->pos[i].text = e->lines[i];
+	}
+	if (e->n > 1)
+		qsort(ld->pos, e->n, sizeof(*ld->pos), error_pos_cmp);
+	for (size_t i = 0; i < e->n; i++)
+		e->lines[i] = ld->pos[i].text;
+	free(ld->pos);
+	ld->pos = NULL;
 }
 
 #define node_error(ld, nd, ...) errorf((ld), (nd)->line, (nd)->col, __VA_ARGS__)
@@ -1971,41 +2017,36 @@ struct config *
 config_load(const char *path, struct config_errors *errors)
 {
 	struct loader ld = { .path = path, .errors = errors };
-	struct config *c;
-	struct node *root;
+	struct config *c = NULL;
+	struct node *root = NULL;
 	unsigned long seen;
 	struct stat st;
 	FILE *fp;
 
 	memset(errors, 0, sizeof(*errors));
-	if ((fp = fopen(path, "r")) == NULL) {
+	if ((fp = fopen(path, "r")) == NULL)
 		errorf(&ld, 1, 1, "cannot open: %s", strerror(errno));
-		return NULL;
-	}
 	/* fopen takes a directory; reading it would fail as "input error" */
-	if (fstat(fileno(fp), &st) == 0 && S_ISDIR(st.st_mode)) {
+	else if (fstat(fileno(fp), &st) == 0 && S_ISDIR(st.st_mode))
 		errorf(&ld, 1, 1, "is a directory, not a policy file");
+	else if ((root = yaml_load_file(&ld, fp)) == NULL && errors->n == 0)
+		errorf(&ld, 1, 1, "the policy file is empty");
+	if (fp)
 		fclose(fp);
-		return NULL;
-	}
-	root = yaml_load_file(&ld, fp);
-	fclose(fp);
-	if (root == NULL) {
-		if (errors->n == 0)
-			errorf(&ld, 1, 1, "the policy file is empty");
-		return NULL;
-	}
-	c = config_defaults(path);
-	walk_mapping(&ld, root, "policy", top_keys, c, &seen);
-	if (root->type == NODE_MAPPING && !(seen & (1UL << 5)))
-		node_error(&ld, root, "policy: \"routes\" is required");
-	if (c->redis_password_env) {
-		const char *pw = getenv(c->redis_password_env);
+	if (root) {
+		c = config_defaults(path);
+		walk_mapping(&ld, root, "policy", top_keys, c, &seen);
+		if (root->type == NODE_MAPPING && !(seen & (1UL << 5)))
+			node_error(&ld, root, "policy: \"routes\" is required");
+		if (c->redis_password_env) {
+			const char *pw = getenv(c->redis_password_env);
 
-		if (pw && *pw)
-			c->redis_password = xstrdup(pw);
+			if (pw && *pw)
+				c->redis_password = xstrdup(pw);
+		}
+		node_free(root);
 	}
-	node_free(root);
+	errors_sort(&ld);
 	if (errors->n > 0) {
 		config_free(c);
 		return NULL;

@@ -633,3 +633,41 @@ def test_explicit_precision_keeps_its_message(tmp_path):
     assert errs == [(5, col_of(text.splitlines()[4], "7s"),
                      "precision: must be at least 1ms, divide the window evenly, "
                      "and give at most 1000 buckets")], errs
+
+
+def test_errors_come_in_file_order(tmp_path):
+    text = ("server:\n"
+            "  listen: nowhere\n"                                                   # 2
+            "routes:\n"
+            "  - name: r\n"                                                         # 4
+            "    match: { prefix: x }\n"                                            # 5
+            "  - name: s\n"
+            "    limits:\n"
+            "      - { name: b, algorithm: fixed_window, window: 1x, limit: 0 }\n"  # 8
+            "      - { name: c, algorithm: fixed_window, limit: 1, window: 1s }\n"  # 9
+            "      - { name: c, algorithm: fixed_window, limit: 1, window: 1s }\n"  # 10
+            "      - { name: d, algorithm: fixed_window, limit: 1, window: 1z }\n"  # 11
+            "      - { name: e, algorithm: fixed_window }\n")                       # 12
+    errs = bad_text(tmp_path, text)
+    lines = text.splitlines()
+
+    def at(lineno, token):
+        return (lineno, col_of(lines[lineno - 1], token))
+    assert [(l, c, m.split(":")[0]) for l, c, m in errs] == [
+        at(2, "nowhere") + ("listen",),
+        at(4, "name") + ("route",),     # "limits" is required, found after line 5's error
+        at(5, "x }") + ("prefix",),
+        at(8, "1x") + ("window",),      # checked after limit, but comes first
+        at(8, "0 }") + ("limit",),
+        at(10, "c,") + ("limits",),     # the duplicate, found after line 11's error
+        at(11, "1z") + ("window",),
+        at(12, "{") + ("limit",),       # two errors at one position keep their order
+        at(12, "{") + ("limit",),
+    ], errs
+    assert 'requires "limit"' in errs[-2][2] and 'requires "window"' in errs[-1][2], errs
+
+
+def test_missing_routes_comes_first(tmp_path):
+    errs = bad_text(tmp_path, "server:\n  listen: nowhere\n")
+    assert [(l, c) for l, c, _ in errs] == [(1, 1), (2, 11)], errs
+    assert "routes" in errs[0][2]
