@@ -35,7 +35,7 @@
 #include "xmalloc.h"
 
 #define RATELIMITD_VERSION	"0.1.0"
-#define MAIN_LISTEN_BACKLOG	1024
+#define MAIN_LISTEN_BACKLOG	4096	/* the kernel caps it at somaxconn */
 #define MAIN_POLL_US		1000000	/* stat() fallback for file changes */
 #define MAIN_DEBOUNCE_US	100000	/* let a burst of inotify events settle */
 

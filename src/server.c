@@ -736,8 +736,11 @@ server_new(struct event_base *base, int listen_fd, server_handler handler,
 	server_set_idle_timeout(srv, 60LL * 1000000);
 	if ((fd = dup(listen_fd)) == -1)
 		fatal("dup");
+	/* Backlog 0: the socket is listening already. With -1 libevent calls
+	 * listen(fd, 128) again and cuts main's backlog down to 128, and a
+	 * burst of connects then loses SYNs to 1 s retransmits. */
 	srv->s_listener = evconnlistener_new(base, on_accept, srv,
-	    LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, -1, fd);
+	    LEV_OPT_CLOSE_ON_FREE | LEV_OPT_CLOSE_ON_EXEC, 0, fd);
 	if (srv->s_listener == NULL)
 		fatalx("cannot listen");
 	evconnlistener_set_error_cb(srv->s_listener, on_accept_error);

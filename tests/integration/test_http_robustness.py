@@ -1,11 +1,15 @@
 """Malformed HTTP and hostile input never take the daemon down (SPEC §3.3, §8).
 After every attack the daemon must still answer /healthz and count right."""
+import os
+import select
+import signal
 import socket
 import time
 
 import pytest
 import requests
 
+from conftest import all_stopped, wait_until
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
 from helpers import all_keys, check, healthy, policy, raw_http, shared_daemon, status_of
 
@@ -313,3 +317,35 @@ def test_untrusted_bytes_cannot_forge_log_lines(start_daemon, fmt_):
         if fmt_ == "json":
             import json
             json.loads(line)
+
+
+def test_accept_backlog_holds_a_burst_of_connects(start_daemon):
+    """While the daemon cannot accept (stopped here; in life, busy), the
+    kernel completes connects into the listen backlog. With libevent's
+    default it was 128, and a burst of 300 gateways' connects lost SYNs to
+    1 s retransmits; now every one completes at once, and is then served."""
+    d = start_daemon(POL)
+    os.kill(d.proc.pid, signal.SIGSTOP)
+    socks = []
+    try:
+        assert wait_until(lambda: all_stopped(d.proc.pid))
+        for _ in range(300):
+            s = socket.socket()
+            s.setblocking(False)
+            s.connect_ex(("127.0.0.1", d.port))
+            socks.append(s)
+        pending, deadline = set(socks), time.monotonic() + 0.5
+        while pending and time.monotonic() < deadline:
+            _, done, _ = select.select([], list(pending), [], 0.05)
+            pending -= {s for s in done if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0}
+        assert not pending, "%d of 300 connects did not complete" % len(pending)
+    finally:
+        os.kill(d.proc.pid, signal.SIGCONT)
+    for s in socks[:5]:
+        s.setblocking(True)
+        s.settimeout(5)
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+    for s in socks:
+        s.close()
+    assert healthy(d)
