@@ -358,6 +358,30 @@ check_on_timer(evutil_socket_t fd, short what, void *arg)
 		check_finish(ck, OUTCOME_VERDICT);
 }
 
+/*
+ * A Redis error reply (OOM under maxmemory, READONLY after a failover)
+ * fails every check alike, tens of thousands a second: one line a second
+ * per worker, saying how many it stands for. The metrics count them all.
+ */
+static void
+log_redis_error(struct worker *w, const char *route, const char *error)
+{
+	long long now = mono_us();
+
+	if (w->w_error_logged_us != 0 && now - w->w_error_logged_us < 1000000) {
+		w->w_errors_unlogged++;
+		return;
+	}
+	if (w->w_errors_unlogged > 0)
+		log_warnx("redis error on route %s: %s (and %llu more Redis errors "
+		    "since the last line like this)", route, error,
+		    w->w_errors_unlogged);
+	else
+		log_warnx("redis error on route %s: %s", route, error);
+	w->w_error_logged_us = now;
+	w->w_errors_unlogged = 0;
+}
+
 static void
 check_on_reply(void *arg, const struct store_result *res)
 {
@@ -389,8 +413,8 @@ check_on_reply(void *arg, const struct store_result *res)
 		return;
 	case STORE_ERROR:
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_ERROR);
-		log_warnx("redis error on route %s: %s", ck->ck_route->name,
-		    res->error ? res->error : "unknown");
+		log_redis_error(w, ck->ck_route->name, res->error ? res->error :
+		    "unknown");
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
 	case STORE_OK:

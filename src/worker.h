@@ -38,6 +38,9 @@ struct worker {
 	size_t			 w_nfree_checks;
 	LIST_HEAD(, check)	 w_active;	/* in flight, for drain */
 	size_t			 w_nactive;
+
+	long long		 w_error_logged_us; /* see log_redis_error */
+	unsigned long long	 w_errors_unlogged;
 };
 
 struct worker *worker_new(int id, int listen_fd, struct config *config);

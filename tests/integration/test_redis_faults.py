@@ -367,6 +367,34 @@ def test_redis_error_reply_fails_open_for_that_client_only(start_daemon, redis_s
     assert requests.get(d.url("/readyz"), timeout=2).status_code == 200
 
 
+def test_redis_error_replies_logged_once_a_second(start_daemon, redis_server):
+    """Redis refusing every write (OOM under maxmemory) fails every check
+    alike: each is answered by the failure mode and counted, but the log
+    gets one line a second, not one per check."""
+    d = start_daemon(SIMPLE)
+    rc = redis_server.client()
+    rc.config_set("maxmemory-policy", "noeviction")
+    rc.config_set("maxmemory", "1")
+    try:
+        with requests.Session() as s:
+            for i in range(200):
+                r = s.get(d.url("/check/x"), headers={"X-Forwarded-For": "203.0.113.%d" % (i % 250)},
+                          timeout=5)
+                assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "-1"
+            lines = [l for l in d.log().splitlines() if "redis error on route" in l]
+            assert 1 <= len(lines) <= 2, lines
+            assert "OOM" in lines[0]
+            time.sleep(1.1)
+            s.get(d.url("/check/x"), timeout=5)
+        lines = [l for l in d.log().splitlines() if "redis error on route" in l]
+        assert "more Redis errors since the last line like this" in lines[-1], lines
+        m = requests.get(d.url("/metrics"), timeout=2).text
+        assert 'ratelimitd_redis_errors_total{kind="error"} 201' in m, m
+    finally:
+        rc.config_set("maxmemory", "0")
+    assert wait_until(lambda: limited_again(d), timeout=3), d.log()
+
+
 def test_redis_error_reply_fails_closed(start_daemon, redis_server):
     d = start_daemon(SIMPLE.replace("routes:\n", "failure_mode: closed\nroutes:\n"))
     redis_server.client().set(rkey("r", "127.0.0.1", "q", "fixed_window"), "x")
