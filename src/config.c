@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,6 +19,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <yaml.h>
 
@@ -2021,15 +2023,24 @@ config_load(const char *path, struct config_errors *errors)
 	struct node *root = NULL;
 	unsigned long seen;
 	struct stat st;
-	FILE *fp;
+	FILE *fp = NULL;
+	int fd;
 
 	memset(errors, 0, sizeof(*errors));
-	if ((fp = fopen(path, "r")) == NULL)
+	/* O_NONBLOCK: opening a FIFO with no writer would block the main
+	 * thread, and with it reloads and SIGTERM; reads block again below,
+	 * and one from a FIFO nobody writes is an empty file. */
+	if ((fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) == -1)
 		errorf(&ld, 1, 1, "cannot open: %s", strerror(errno));
-	/* fopen takes a directory; reading it would fail as "input error" */
-	else if (fstat(fileno(fp), &st) == 0 && S_ISDIR(st.st_mode))
+	/* open takes a directory; reading it would fail as "input error" */
+	else if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
 		errorf(&ld, 1, 1, "is a directory, not a policy file");
-	else if ((root = yaml_load_file(&ld, fp)) == NULL && errors->n == 0)
+		close(fd);
+	} else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == -1 ||
+	    (fp = fdopen(fd, "r")) == NULL) {
+		errorf(&ld, 1, 1, "cannot open: %s", strerror(errno));
+		close(fd);
+	} else if ((root = yaml_load_file(&ld, fp)) == NULL && errors->n == 0)
 		errorf(&ld, 1, 1, "the policy file is empty");
 	if (fp)
 		fclose(fp);

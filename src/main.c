@@ -23,6 +23,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -37,7 +38,15 @@
 #define RATELIMITD_VERSION	"0.1.0"
 #define MAIN_LISTEN_BACKLOG	4096	/* the kernel caps it at somaxconn */
 #define MAIN_POLL_US		1000000	/* stat() fallback for file changes */
-#define MAIN_DEBOUNCE_US	100000	/* let a burst of inotify events settle */
+/*
+ * A changed policy file is loaded once it has held still (same size, times
+ * and inode) across MAIN_SETTLE_US, so that a file written in several
+ * steps is not loaded half-written, its last routes missing (their traffic
+ * would pass unlimited); but no later than MAIN_SETTLE_MAX_US after the
+ * change was seen, within SPEC's 2 s.
+ */
+#define MAIN_SETTLE_US		250000
+#define MAIN_SETTLE_MAX_US	1500000
 
 /* The main thread's state. */
 struct env {
@@ -52,6 +61,9 @@ struct env {
 	struct event		*debounce_ev;
 	struct event		*poll_ev;
 	struct stat		 loaded_stat;	/* of the file last loaded */
+	struct stat		 pending_stat;	/* changed, settling */
+	int			 pending;
+	long long		 pending_since_us;
 	int			 stopping;
 };
 
@@ -181,29 +193,61 @@ reload(struct env *env, const char *why)
 	log_info("reload (%s): policy %s loaded, %zu routes", why, c->path, c->nroutes);
 }
 
+/* The change time too: a chmod that makes a refused file readable is a
+ * reason to try it again. */
 static int
-file_changed(const struct env *env)
+same_file_state(const struct stat *a, const struct stat *b)
 {
-	struct stat sb;
-
-	if (stat(env->config->path, &sb) == -1)
-		return 0;	/* mid-swap or gone: keep the policy in force */
-	return sb.st_dev != env->loaded_stat.st_dev ||
-	    sb.st_ino != env->loaded_stat.st_ino ||
-	    sb.st_size != env->loaded_stat.st_size ||
-	    sb.st_mtim.tv_sec != env->loaded_stat.st_mtim.tv_sec ||
-	    sb.st_mtim.tv_nsec != env->loaded_stat.st_mtim.tv_nsec;
+	return a->st_dev == b->st_dev && a->st_ino == b->st_ino &&
+	    a->st_size == b->st_size &&
+	    a->st_mtim.tv_sec == b->st_mtim.tv_sec &&
+	    a->st_mtim.tv_nsec == b->st_mtim.tv_nsec &&
+	    a->st_ctim.tv_sec == b->st_ctim.tv_sec &&
+	    a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
 }
 
+static long long
+mono_now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* From the settle timer and the poll: reloads a changed file once it has
+ * settled (see MAIN_SETTLE_US). */
 static void
-on_debounce(evutil_socket_t fd, short what, void *arg)
+on_file_check(evutil_socket_t fd, short what, void *arg)
 {
 	struct env *env = arg;
+	struct timeval tv = { 0, MAIN_SETTLE_US };
+	struct stat sb;
+	long long now;
 
 	(void)fd;
 	(void)what;
-	if (!env->stopping && file_changed(env))
-		reload(env, "file changed");
+	if (env->stopping)
+		return;
+	if (stat(env->config->path, &sb) == -1 ||	/* mid-swap or gone */
+	    same_file_state(&sb, &env->loaded_stat)) {
+		env->pending = 0;
+		return;
+	}
+	now = mono_now_us();
+	if (!env->pending || !same_file_state(&sb, &env->pending_stat)) {
+		if (!env->pending)
+			env->pending_since_us = now;
+		env->pending = 1;
+		env->pending_stat = sb;
+		if (now - env->pending_since_us < MAIN_SETTLE_MAX_US) {
+			if (!evtimer_pending(env->debounce_ev, NULL))
+				event_add(env->debounce_ev, &tv);
+			return;
+		}
+	}
+	env->pending = 0;
+	reload(env, "file changed");
 }
 
 static void
@@ -211,12 +255,15 @@ on_inotify(evutil_socket_t fd, short what, void *arg)
 {
 	struct env *env = arg;
 	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
-	struct timeval tv = { 0, MAIN_DEBOUNCE_US };
+	struct timeval tv = { 0, MAIN_SETTLE_US };
 
 	(void)what;
 	while (read(fd, buf, sizeof(buf)) > 0)
 		;
-	event_add(env->debounce_ev, &tv);
+	/* Not re-armed by every event: another file in the directory that
+	 * changes all the time must not hold the reload off. */
+	if (!evtimer_pending(env->debounce_ev, NULL))
+		event_add(env->debounce_ev, &tv);
 }
 
 static void
@@ -250,8 +297,8 @@ watch_policy_file(struct env *env)
 	char *copy = xstrdup(env->config->path);
 	struct timeval poll = { MAIN_POLL_US / 1000000, MAIN_POLL_US % 1000000 };
 
-	env->debounce_ev = evtimer_new(env->base, on_debounce, env);
-	env->poll_ev = event_new(env->base, -1, EV_PERSIST, on_debounce, env);
+	env->debounce_ev = evtimer_new(env->base, on_file_check, env);
+	env->poll_ev = event_new(env->base, -1, EV_PERSIST, on_file_check, env);
 	event_add(env->poll_ev, &poll);
 	env->inotify_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
 	if (env->inotify_fd == -1 || inotify_add_watch(env->inotify_fd, dirname(copy),

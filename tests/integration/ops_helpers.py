@@ -64,7 +64,8 @@ def ops_daemon(tmp_path, redis_server):
     daemons = []
 
     def start(text, path=None, wait_ready=True, **kw):
-        d = Daemon(tmp_path, kw.pop("redis_port", redis_server.port), text, **kw)
+        d = Daemon(kw.pop("tmpdir", tmp_path), kw.pop("redis_port", redis_server.port),
+                   text, **kw)
         d.stopped_by_test = False
         if path is not None:
             d.policy_path = path

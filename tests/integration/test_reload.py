@@ -5,13 +5,16 @@ line and column while the old policy stays, and no failed check while
 reloads happen."""
 import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 
+import pytest
 import requests
 
-from conftest import free_port, wait_until
+from conftest import BIN, free_port, wait_until
 from ops_helpers import (check, fw, get_policy, ops_daemon, policy, render,  # noqa: F401
                          route, route_limits, scrape, wait_policy_limit)
 
@@ -326,3 +329,83 @@ def test_reload_moves_to_another_redis(ops_daemon, tmp_path):
         assert len(other.client().keys("*")) >= 1
     finally:
         other.stop()
+
+
+def test_file_written_in_two_steps_is_not_loaded_half_written(ops_daemon):
+    """An editor or a script that truncates and writes in two steps: the
+    first step alone is a valid policy missing the last routes, whose
+    traffic would pass unlimited. A changed file is loaded once it has held
+    still for 250 ms, so the half-written one never is."""
+    routes = [route("r%d" % i, "/r%d/" % i, fw(3)) for i in range(5)]
+    d = ops_daemon(policy("".join(routes)))
+    full = render(d, policy("".join(routes).replace("limit: 3,", "limit: 7,")))
+    cut = full.index("  - name: r2\n")
+    seen = set()
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.add(len(get_policy(d)["routes"]))
+            time.sleep(0.01)
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        with open(d.policy_path, "w") as f:
+            f.write(full[:cut])
+        time.sleep(0.15)
+        with open(d.policy_path, "a") as f:
+            f.write(full[cut:])
+        assert wait_policy_limit(d, "r4", 7, timeout=RELOAD_S + 0.5), get_policy(d)
+    finally:
+        stop.set()
+        t.join()
+    assert seen == {5}, "route counts seen in /v1/policy: %r" % sorted(seen)
+
+
+def test_refused_file_tried_again_once_readable(ops_daemon, tmp_path):
+    """Replaced by a file the daemon (not root) cannot read: refused, the
+    old policy stays; a chmod making it readable changes nothing but the
+    file's change time, and that is enough to load it."""
+    setpriv = "/usr/bin/setpriv"
+    if os.geteuid() != 0 or not os.path.exists(setpriv):
+        pytest.skip("needs root and setpriv to run the daemon as nobody")
+    # Everything the daemon (uid 65534) touches must be reachable by it.
+    base = tempfile.mkdtemp(prefix="rl-perm-")
+    os.chmod(base, 0o755)
+    try:
+        binary = os.path.join(base, "ratelimitd")
+        shutil.copy(BIN, binary)
+        wrapper = os.path.join(base, "as-nobody")
+        with open(wrapper, "w") as f:
+            f.write('#!/bin/sh\nexec %s --reuid=65534 --regid=65534 --clear-groups %s "$@"\n'
+                    % (setpriv, binary))
+        os.chmod(wrapper, 0o755)
+        d = ops_daemon(policy(route("api", "/api/", fw(3))), bin=wrapper, tmpdir=base)
+        os.chmod(d.policy_path, 0o644)
+        tmp = d.policy_path + ".new"
+        with open(tmp, "w") as f:
+            f.write(render(d, policy(route("api", "/api/", fw(8)))))
+        os.chmod(tmp, 0o600)
+        os.rename(tmp, d.policy_path)
+        assert wait_until(lambda: "Permission denied" in d.log(), timeout=RELOAD_S + 0.5), d.log()
+        assert route_limits(d, "api")[0]["limit"] == 3
+        os.chmod(d.policy_path, 0o644)
+        assert wait_policy_limit(d, "api", 8, timeout=RELOAD_S + 0.5), d.log()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_policy_replaced_by_a_fifo_blocks_nothing(ops_daemon, tmp_path):
+    """A FIFO nobody writes where the policy was: opening it must not block
+    the main thread (reloads, SIGTERM). It reads as an empty file, refused,
+    and SIGTERM still drains and exits 0 at once."""
+    d = ops_daemon(policy(route("api", "/api/", fw(3))))
+    os.unlink(d.policy_path)
+    os.mkfifo(d.policy_path)
+    d.signal(signal.SIGHUP)
+    assert wait_until(lambda: "empty" in d.log(), timeout=RELOAD_S), d.log()
+    assert route_limits(d, "api")[0]["limit"] == 3
+    t0 = time.monotonic()
+    d.stopped_by_test = True
+    assert d.stop(timeout=5) == 0, d.log()
+    assert time.monotonic() - t0 < 2.0
