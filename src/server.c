@@ -621,10 +621,14 @@ on_read(evutil_socket_t fd, short what, void *arg)
 	}
 	n = read(fd, c->c_in + c->c_in_len, c->c_in_cap - c->c_in_len);
 	if (n > 0) {
+		/* The idle clock restarts when a request begins, not with every
+		 * byte of it: a head trickled a byte at a time (slowloris) must
+		 * be complete within idle_timeout, like nginx's
+		 * client_header_timeout. */
+		if (!c->c_pending && c->c_in_len == 0)
+			c->c_active_us = coarse_now_us();
 		c->c_in_len += (size_t)n;
 		c->c_read_us = now_us();
-		if (!c->c_pending)
-			c->c_active_us = coarse_now_us();
 		conn_process(c);
 		return;
 	}

@@ -244,6 +244,39 @@ def test_partial_request_head_times_out(start_daemon):
     assert healthy(d)
 
 
+def test_trickled_request_head_gets_idle_timeout_in_all(start_daemon):
+    """Slowloris proper: a byte every 100 ms, each well inside
+    idle_timeout. The head must be complete within idle_timeout of its
+    first byte; the daemon closes the connection then, not 16 KiB later."""
+    d = start_daemon(POL.replace("server:\n", "server:\n  idle_timeout: 1s\n", 1))
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=6)
+    try:
+        t0 = time.monotonic()
+        s.sendall(b"GET /check/x HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        closed_after = None
+        while time.monotonic() - t0 < 4:
+            time.sleep(0.1)
+            try:
+                s.sendall(b"z")
+                s.setblocking(False)
+                try:
+                    if s.recv(65536) == b"":
+                        closed_after = time.monotonic() - t0
+                        break
+                except BlockingIOError:
+                    pass
+                finally:
+                    s.setblocking(True)
+            except OSError:
+                closed_after = time.monotonic() - t0
+                break
+        assert closed_after is not None, "still open after 4 s of trickling"
+        assert closed_after < 2.5, closed_after
+    finally:
+        s.close()
+    assert healthy(d)
+
+
 def test_file_descriptor_exhaustion(start_daemon):
     """With its fd limit lowered to 64, 150 connections at once must not take
     the daemon down; once they close it serves again."""
