@@ -12,6 +12,7 @@
 
 #include <event2/buffer.h>
 
+#include "log.h"
 #include "metrics.h"
 #include "xmalloc.h"
 
@@ -89,12 +90,26 @@ metrics_route_id(const char *name)
 			id = i;
 			goto out;
 		}
-	if (n < METRICS_ROUTES_MAX) {
+	if (n < METRICS_ROUTES_MAX - 1) {
 		metrics_names[n] = xstrdup(name);
 		atomic_store(&metrics_nnames, n + 1);
 		id = n;
+		goto out;
 	}
-	/* Past the table, a route is counted under the empty label. */
+	/*
+	 * Past the table (route names only ever add up, over reloads), a
+	 * route is counted under a label no route can have: not under "",
+	 * which means no route matched. The table bounds the series a
+	 * scrape carries.
+	 */
+	if (n == METRICS_ROUTES_MAX - 1) {
+		metrics_names[n] = xstrdup(METRICS_ROUTE_OTHER);
+		atomic_store(&metrics_nnames, n + 1);
+		log_warnx("metrics: more than %d route names since start; routes "
+		    "named from now on are counted as route=\"%s\" until a restart",
+		    METRICS_ROUTES_MAX - 2, METRICS_ROUTE_OTHER);
+	}
+	id = METRICS_ROUTES_MAX - 1;
 out:
 	pthread_mutex_unlock(&metrics_lock);
 	return id;

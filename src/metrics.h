@@ -22,6 +22,7 @@ enum redis_error_kind {
 };
 
 #define METRICS_ROUTES_MAX 1024	/* distinct route names ever seen */
+#define METRICS_ROUTE_OTHER "(other)"	/* the label past the table */
 
 struct metrics;
 

@@ -193,6 +193,31 @@ def test_each_failed_check_counted_once(ops_daemon, redis_server):
     assert scrape(d).sum("ratelimitd_redis_errors_total") == 2
 
 
+def test_route_names_past_the_label_table_count_as_other(ops_daemon):
+    """Route names add up over reloads, and the label table that bounds a
+    scrape holds 1022 of them. Routes named after that are counted under
+    route="(other)" (a label no route can have), said once in the log; never
+    under "", which means no route matched."""
+    def routes(prefix):
+        return "".join(route("%s%d" % (prefix, i), "/%s%d/" % (prefix, i), fw(5))
+                       for i in range(1000))
+    d = ops_daemon(policy(routes("a")))
+    assert check(d, "/check/a7/x", headers={"X-Key": "k"}).status_code == 200
+    d.write_policy(policy(routes("b")))
+    d.signal(signal.SIGHUP)
+    assert wait_until(lambda: "loaded, 1000 routes" in d.log().split("SIGHUP", 1)[-1], timeout=5)
+    assert check(d, "/check/b0/x", headers={"X-Key": "k"}).status_code == 200
+    assert check(d, "/check/b999/x", headers={"X-Key": "k"}).status_code == 200
+    m = scrape(d)
+    assert m.checks("a7", "allowed") == 1
+    assert m.checks("b0", "allowed") == 1           # name 1001 of 1022
+    assert m.checks("(other)", "allowed") == 1      # name 2000
+    assert m.checks("", "allowed") == 0
+    assert d.log().count('counted as route="(other)"') == 1, d.log()
+    series = {l["route"] for n, l, v in m.samples if n == "ratelimitd_checks_total"}
+    assert series <= {"", "(other)", "a7", "b0"}, series
+
+
 def test_in_flight_gauge_counts_held_checks(ops_daemon):
     """leaky_bucket with delay holds allowed replies: while they wait,
     ratelimitd_in_flight counts them; afterwards it is back to 0."""
