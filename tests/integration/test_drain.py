@@ -142,7 +142,11 @@ def test_two_workers_drain_and_ignore_sighup(ops_daemon):
                           server="  workers: 2\n  drain_timeout: 5s\n"))
     t1, r1 = fire(d, 5, key="w1")
     t2, r2 = fire(d, 5, key="w2")
-    assert held(d, 6)
+    # All ten in before the stop (else the last to connect is refused, as
+    # it should be): each is answered already or held.
+    assert wait_until(lambda: scrape(d).get("ratelimitd_in_flight") +
+                      sum(r is not None for r in r1 + r2) >= 10, timeout=5)
+    assert held(d, 1)
     t0 = terminate(d)
     time.sleep(0.1)
     d.signal(signal.SIGHUP)
