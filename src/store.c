@@ -92,6 +92,10 @@ struct store {
 	/* A refused AUTH, SELECT or SCRIPT LOAD logged once per outage: a
 	 * wrong password fails every attempt the same way. */
 	int			 st_logged_handshake;
+	/* This attempt's AUTH or SELECT was refused: the replies already
+	 * read behind it (a Redis without a password refuses AUTH but runs
+	 * SCRIPT LOAD) must not bring the link up before the drop. */
+	int			 st_handshake_failed;
 
 	int			 st_max_batch;	/* redis.max_batch */
 	int			 st_cluster;	/* a Cluster node: one check a call */
@@ -205,6 +209,7 @@ on_handshake_reply(redisAsyncContext *ac, void *r, void *privdata)
 			    (const char *)privdata, reply->str);
 		st->st_logged_handshake = 1;
 		st->st_logged_down = 1;
+		st->st_handshake_failed = 1;
 		store_drop(st, NULL);
 	}
 }
@@ -219,7 +224,7 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 	if (st == NULL || st->st_ac != ac)
 		return;
 	st->st_script_loading = 0;
-	if (reply == NULL)
+	if (reply == NULL || st->st_handshake_failed)
 		return;
 	if (reply->type != REDIS_REPLY_STRING || reply->len != 40) {
 		if (!st->st_logged_handshake)
@@ -309,6 +314,7 @@ store_connect(struct store *st)
 	st->st_ac = ac;
 	st->st_tcp_up = 0;
 	st->st_script_loading = 0;
+	st->st_handshake_failed = 0;
 	redisLibeventAttach(ac, st->st_base);
 	redisAsyncSetConnectCallback(ac, on_connect);
 	redisAsyncSetDisconnectCallback(ac, on_disconnect);

@@ -339,6 +339,27 @@ def test_wrong_password_fails_open_and_is_not_logged(start_daemon, tmp_path):
         rs.stop()
 
 
+def test_password_against_redis_without_one_never_comes_up(start_daemon, redis_server):
+    """A Redis without a password refuses AUTH but runs what follows it
+    (SCRIPT LOAD): the link must not come up on those replies. One line in
+    the log, no "connected", retries backing off, checks failing open."""
+    rc = redis_server.client()
+    before = rc.info("stats")["total_connections_received"]
+    d = start_daemon(SIMPLE, env={"REDIS_PASSWORD": "not-configured-on-redis"},
+                     wait_ready=False)
+    time.sleep(1.6)
+    assert requests.get(d.url("/readyz"), timeout=2).status_code == 503
+    assert_fail_open(d, n=2)
+    log = d.log()
+    assert log.count("AUTH failed") == 1, log
+    assert "connected" not in log.replace("disconnected", ""), log
+    assert "not-configured-on-redis" not in log
+    # retries back off (50 ms, 100 ms, ... 1 s): a handful of connections in
+    # 1.6 s, not one every 50 ms
+    attempts = rc.info("stats")["total_connections_received"] - before
+    assert attempts <= 12, attempts
+
+
 def test_database_selected(start_daemon, redis_server):
     d = start_daemon(policy(route("r", "/"), redis="  database: 3\n"))
     assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
