@@ -2178,7 +2178,11 @@ config_to_json(const struct config *c)
 	char buf[300];
 
 	json_object_set_new(server, "listen", json_string(c->listen));
-	json_object_set_new(server, "workers", json_integer(c->workers));
+	/* What is in force: "auto" is shown as the threads it became. */
+	json_object_set_new(server, "workers", json_integer(c->workers_running ?
+	    c->workers_running : c->workers));
+	if (c->workers == 0)
+		json_object_set_new(server, "workers_auto", json_true());
 	json_object_set_new(server, "deny_status", json_integer(c->deny_status));
 	json_object_set_new(server, "ietf_headers", json_boolean(c->ietf_headers));
 	json_object_set_new(server, "idle_timeout", duration_json(c->idle_timeout_us));

@@ -96,7 +96,8 @@ struct config {
 	unsigned long	 generation;	/* bumps on every successful load */
 
 	char		*listen;
-	int		 workers;
+	int		 workers;	/* as written; 0 = auto */
+	int		 workers_running; /* threads in force, set by main */
 	int		 deny_status;
 	int		 ietf_headers;
 	long long	 idle_timeout_us;

@@ -182,6 +182,7 @@ reload(struct env *env, const char *why)
 		c->listen = xstrdup(env->config->listen);
 		c->workers = env->config->workers;
 	}
+	c->workers_running = env->config->workers_running;
 	assign_metric_ids(c);
 	log_configure((enum log_level)c->log_level, (enum log_format)c->log_format);
 	for (int i = 0; i < env->nworkers; i++)
@@ -349,6 +350,7 @@ run(const char *path)
 
 		env.nworkers = n < 1 ? 1 : n > CONFIG_WORKERS_MAX ? CONFIG_WORKERS_MAX : (int)n;
 	}
+	env.config->workers_running = env.nworkers;
 	for (int i = 0; i < env.nworkers; i++)
 		env.workers[i] = worker_new(i, env.listen_fd, env.config);
 	for (int i = 0; i < env.nworkers; i++)

@@ -130,6 +130,7 @@ def test_listen_and_workers_stay_in_force_and_in_the_policy(ops_daemon):
     server = get_policy(d)["server"]
     assert server["listen"] == "127.0.0.1:%d" % d.port, server
     assert server["workers"] == 1, server
+    assert "workers_auto" not in server, server
     assert d.log().count("only on restart") == 1, d.log()
     assert "in force: listen 127.0.0.1:%d, workers 1" % d.port in d.log(), d.log()
     # put back as it was (with another quota, to see the reload): no warning
@@ -137,6 +138,20 @@ def test_listen_and_workers_stay_in_force_and_in_the_policy(ops_daemon):
         f.write(render(d, policy(route("api", "/api/", fw(9)))))
     assert wait_policy_limit(d, "api", 9, timeout=RELOAD_S), get_policy(d)
     assert d.log().count("only on restart") == 1, d.log()
+
+
+def test_policy_shows_the_threads_auto_became(ops_daemon):
+    """workers: auto runs one thread per core; /v1/policy shows that count
+    (what is in force) and says it came from auto. A reload of the same
+    file does not warn that workers changed."""
+    d = ops_daemon(policy(route("api", "/api/", fw(3)), server="  workers: auto\n"))
+    server = get_policy(d)["server"]
+    assert server["workers"] == min(os.cpu_count(), 64), server
+    assert server["workers_auto"] is True, server
+    d.signal(signal.SIGHUP)
+    assert wait_until(lambda: "reload (SIGHUP)" in d.log(), timeout=RELOAD_S), d.log()
+    assert get_policy(d)["server"] == server
+    assert "only on restart" not in d.log(), d.log()
 
 
 def test_reload_on_atomic_rename(ops_daemon):
