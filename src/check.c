@@ -41,6 +41,8 @@
 /* Idle checks kept for reuse (about 1.6 KB each): enough for the steady
  * concurrency of a busy sidecar; a spike above it is freed as it ends. */
 #define CHECK_POOL_MAX		1024
+/* The least Redis time a check gets once its turn comes (see check_run). */
+#define CHECK_DEADLINE_FLOOR_US	10000
 
 enum check_phase { CHECK_IDLE, CHECK_WAITING, CHECK_DELAYED, CHECK_DONE };
 
@@ -499,8 +501,12 @@ check_run(struct check *ck, const char *key, size_t keylen, int global)
 	/* The deadline counts from the check's arrival. A link that is not up
 	 * refuses the call in check_send, which answers at once. */
 	deadline_us = ck->ck_config->redis_timeout_us - (mono_us() - ck->ck_start_us);
-	if (deadline_us < 1000)
-		deadline_us = 1000;
+	/* A check pipelined behind others may find its deadline gone when its
+	 * turn comes (behind a shaped reply held on purpose, or checks a sick
+	 * Redis timed out): it still gets enough for a healthy Redis. */
+	if (deadline_us < CHECK_DEADLINE_FLOOR_US)
+		deadline_us = ck->ck_config->redis_timeout_us < CHECK_DEADLINE_FLOOR_US ?
+		    ck->ck_config->redis_timeout_us : CHECK_DEADLINE_FLOOR_US;
 	tv.tv_sec = (time_t)(deadline_us / 1000000);
 	tv.tv_usec = (suseconds_t)(deadline_us % 1000000);
 	event_add(ck->ck_timer, &tv);

@@ -189,6 +189,40 @@ def test_pipelined_checks_each_within_the_deadline(start_daemon, redis_server):
     assert wait_until(lambda: limited_again(d), timeout=3), d.log()
 
 
+def test_pipelined_behind_a_shaped_reply_gets_a_real_verdict(start_daemon, redis_server):
+    """A check pipelined behind a shaped (held) reply finds its deadline,
+    counted from when its bytes came, gone when its turn comes. It still
+    gets 10 ms of Redis: with Redis busy 2 ms at a time (slow, but within
+    redis.timeout), every check gets a real verdict, none fails open."""
+    d = start_daemon(policy(
+        "  - name: lb\n    match: {prefix: /}\n    key: ip\n    limits: [{algorithm: "
+        'leaky_bucket, rate: "20/s", burst: 20, delay: true}]\n'))
+    busy = redis_server.client().register_script(
+        "local t = redis.call('TIME') local t0 = t[1] * 1e6 + t[2] "
+        "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - t0 >= 2000 return 1")
+    stop = threading.Event()
+
+    def keep_redis_busy():
+        while not stop.is_set():
+            busy()
+    t = threading.Thread(target=keep_redis_busy)
+    t.start()
+    try:
+        one = b"GET /check/x HTTP/1.1\r\nHost: x\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", d.port), timeout=10) as s:
+            s.sendall(one * 16)
+            buf = b""
+            while buf.count(b"HTTP/1.1 ") < 16 or not buf.endswith(b"\r\n\r\n"):
+                data = s.recv(65536)
+                assert data, buf
+                buf += data
+    finally:
+        stop.set()
+        t.join()
+    assert buf.count(b"HTTP/1.1 200 ") == 16, buf
+    assert buf.count(b"X-RateLimit-Remaining: -1") == 0, buf
+
+
 def test_paused_redis_under_concurrency_and_client_aborts(start_daemon, redis_server):
     d = start_daemon(SIMPLE)
     redis_server.pause()
