@@ -63,7 +63,8 @@ struct env {
 	struct stat		 loaded_stat;	/* of the file last loaded */
 	struct stat		 pending_stat;	/* changed, settling */
 	int			 pending;
-	long long		 pending_since_us;
+	long long		 pending_since_us; /* first seen changed */
+	long long		 pending_stat_us; /* first seen as pending_stat */
 	int			 stopping;
 };
 
@@ -241,11 +242,19 @@ on_file_check(evutil_socket_t fd, short what, void *arg)
 			env->pending_since_us = now;
 		env->pending = 1;
 		env->pending_stat = sb;
-		if (now - env->pending_since_us < MAIN_SETTLE_MAX_US) {
-			if (!evtimer_pending(env->debounce_ev, NULL))
-				event_add(env->debounce_ev, &tv);
-			return;
-		}
+		env->pending_stat_us = now;
+	}
+	/* Held still for the whole settle time (two looks, by the timer and
+	 * the poll, a moment apart prove nothing), or out of patience. */
+	if (now - env->pending_stat_us < MAIN_SETTLE_US &&
+	    now - env->pending_since_us < MAIN_SETTLE_MAX_US) {
+		long long wait = MAIN_SETTLE_US - (now - env->pending_stat_us);
+
+		tv.tv_sec = 0;
+		tv.tv_usec = (suseconds_t)wait;
+		event_del(env->debounce_ev);
+		event_add(env->debounce_ev, &tv);
+		return;
 	}
 	env->pending = 0;
 	reload(env, "file changed");

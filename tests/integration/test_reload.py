@@ -424,3 +424,32 @@ def test_policy_replaced_by_a_fifo_blocks_nothing(ops_daemon, tmp_path):
     d.stopped_by_test = True
     assert d.stop(timeout=5) == 0, d.log()
     assert time.monotonic() - t0 < 2.0
+
+
+def test_a_file_still_changing_is_not_loaded_until_it_holds_still(ops_daemon):
+    """Six valid versions written 0.2 s apart: none held still for 250 ms,
+    so none but the last may be loaded (the 1 s poll looking a moment
+    after the settle timer proves nothing)."""
+    def routes(n):
+        return "".join(route("r%d" % i, "/r%d/" % i, fw(3)) for i in range(n))
+    d = ops_daemon(policy(routes(3)))
+    seen = set()
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.add(len(get_policy(d)["routes"]))
+            time.sleep(0.01)
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        for n in range(4, 10):
+            with open(d.policy_path, "w") as f:
+                f.write(render(d, policy(routes(n))))
+            time.sleep(0.2)
+        assert wait_until(lambda: len(get_policy(d)["routes"]) == 9, timeout=RELOAD_S), \
+            get_policy(d)
+    finally:
+        stop.set()
+        t.join()
+    assert seen <= {3, 9}, "route counts seen in /v1/policy: %r" % sorted(seen)
