@@ -3,6 +3,7 @@
 raised quota that keeps everyone's count, an invalid file refused with its
 line and column while the old policy stays, and no failed check while
 reloads happen."""
+import contextlib
 import os
 import re
 import shutil
@@ -346,15 +347,10 @@ def test_reload_moves_to_another_redis(ops_daemon, tmp_path):
         other.stop()
 
 
-def test_file_written_in_two_steps_is_not_loaded_half_written(ops_daemon):
-    """An editor or a script that truncates and writes in two steps: the
-    first step alone is a valid policy missing the last routes, whose
-    traffic would pass unlimited. A changed file is loaded once it has held
-    still for 250 ms, so the half-written one never is."""
-    routes = [route("r%d" % i, "/r%d/" % i, fw(3)) for i in range(5)]
-    d = ops_daemon(policy("".join(routes)))
-    full = render(d, policy("".join(routes).replace("limit: 3,", "limit: 7,")))
-    cut = full.index("  - name: r2\n")
+@contextlib.contextmanager
+def route_counts_seen(d):
+    """The set of route counts /v1/policy showed, polled every 10 ms while
+    the block runs."""
     seen = set()
     stop = threading.Event()
 
@@ -365,15 +361,28 @@ def test_file_written_in_two_steps_is_not_loaded_half_written(ops_daemon):
     t = threading.Thread(target=watch)
     t.start()
     try:
+        yield seen
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_file_written_in_two_steps_is_not_loaded_half_written(ops_daemon):
+    """An editor or a script that truncates and writes in two steps: the
+    first step alone is a valid policy missing the last routes, whose
+    traffic would pass unlimited. A changed file is loaded once it has held
+    still for 250 ms, so the half-written one never is."""
+    routes = [route("r%d" % i, "/r%d/" % i, fw(3)) for i in range(5)]
+    d = ops_daemon(policy("".join(routes)))
+    full = render(d, policy("".join(routes).replace("limit: 3,", "limit: 7,")))
+    cut = full.index("  - name: r2\n")
+    with route_counts_seen(d) as seen:
         with open(d.policy_path, "w") as f:
             f.write(full[:cut])
         time.sleep(0.15)
         with open(d.policy_path, "a") as f:
             f.write(full[cut:])
         assert wait_policy_limit(d, "r4", 7, timeout=RELOAD_S + 0.5), get_policy(d)
-    finally:
-        stop.set()
-        t.join()
     assert seen == {5}, "route counts seen in /v1/policy: %r" % sorted(seen)
 
 
@@ -433,23 +442,11 @@ def test_a_file_still_changing_is_not_loaded_until_it_holds_still(ops_daemon):
     def routes(n):
         return "".join(route("r%d" % i, "/r%d/" % i, fw(3)) for i in range(n))
     d = ops_daemon(policy(routes(3)))
-    seen = set()
-    stop = threading.Event()
-
-    def watch():
-        while not stop.is_set():
-            seen.add(len(get_policy(d)["routes"]))
-            time.sleep(0.01)
-    t = threading.Thread(target=watch)
-    t.start()
-    try:
+    with route_counts_seen(d) as seen:
         for n in range(4, 10):
             with open(d.policy_path, "w") as f:
                 f.write(render(d, policy(routes(n))))
             time.sleep(0.2)
         assert wait_until(lambda: len(get_policy(d)["routes"]) == 9, timeout=RELOAD_S), \
             get_policy(d)
-    finally:
-        stop.set()
-        t.join()
     assert seen <= {3, 9}, "route counts seen in /v1/policy: %r" % sorted(seen)
