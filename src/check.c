@@ -466,7 +466,7 @@ check_send(struct check *ck)
 
 /* From a resolved route and client key to a reply or a pending call. */
 static void
-check_run(struct check *ck, const char *key, size_t keylen, int global)
+check_run(struct check *ck, const char *key, size_t keylen, int kind)
 {
 	struct worker *w = ck->ck_worker;
 	long long deadline_us;
@@ -483,12 +483,18 @@ check_run(struct check *ck, const char *key, size_t keylen, int global)
 	}
 	if (ck->ck_json && ck->ck_raw_key == NULL)
 		ck->ck_raw_key = xstrndup(key, keylen);
-	if (global)
+	if (kind == POLICY_KEY_GLOBAL)
 		strcpy(ck->ck_client, "*");
-	else
+	else if (kind == POLICY_KEY_IP && policy_route_mixes_ip(ck->ck_route)) {
+		/* "ip=" is no encoded value's start ('=' is always encoded), so
+		 * a header spelling an address is not that address's client. */
+		memcpy(ck->ck_client, "ip=", 3);
+		limiter_encode_client(key, keylen, ck->ck_client + 3);
+	} else
 		limiter_encode_client(key, keylen, ck->ck_client);
 	if (ck->ck_set == NULL)
-		ck->ck_set = policy_limits(ck->ck_route, key, keylen);
+		ck->ck_set = policy_limits(ck->ck_route, key, keylen,
+		    kind == POLICY_KEY_IP);
 	if (ck->ck_set->unlimited) {
 		check_finish(ck, OUTCOME_UNLIMITED);
 		return;
@@ -563,9 +569,9 @@ check_forward(struct worker *w, struct http_request *req, const char *rest)
 		in.ip = ip;
 	}
 	if (ck->ck_route && (rc = policy_client_key(ck->ck_route, &in, qkey,
-	    sizeof(qkey), &key, &keylen)) == -1)
+	    sizeof(qkey), &key, &keylen)) == POLICY_KEY_NONE)
 		key = NULL;
-	check_run(ck, key, keylen, rc == 1);
+	check_run(ck, key, keylen, rc);
 }
 
 /* Case-insensitive header lookup in a JSON object of strings. */
@@ -627,7 +633,7 @@ check_json(struct worker *w, struct http_request *req)
 	json_error_t err;
 	long long cost = 1;
 	size_t keylen = 0;
-	int global = 0;
+	int kind = POLICY_KEY_VALUE;	/* {"route", "key"} names a value */
 	struct check *ck;
 
 	if (len == 0) {
@@ -738,12 +744,12 @@ check_json(struct worker *w, struct http_request *req)
 		in.header = json_header_lookup;
 		in.header_ctx = headers;
 		route = policy_match(c, &in);
-		if (route && (global = policy_client_key(route, &in, qkey,
-		    sizeof(qkey), &key, &keylen)) == -1)
+		if (route && (kind = policy_client_key(route, &in, qkey,
+		    sizeof(qkey), &key, &keylen)) == POLICY_KEY_NONE)
 			key = NULL;
 	}
 	if (route && key) {
-		set = policy_limits(route, key, keylen);
+		set = policy_limits(route, key, keylen, kind == POLICY_KEY_IP);
 		if (!set->unlimited && cost > set->max_quota) {
 			http_reply_json_error(req, 400, "field \"cost\": %lld is above "
 			    "the largest quota (%lld) of route %s", cost,
@@ -755,7 +761,7 @@ check_json(struct worker *w, struct http_request *req)
 	ck->ck_route = route;
 	ck->ck_set = set;
 	ck->ck_cost = cost;
-	check_run(ck, key, keylen, global == 1);
+	check_run(ck, key, keylen, kind);
 out:
 	json_decref(body);
 }

@@ -225,6 +225,20 @@ policy_route_keys_by_ip(const struct route *route)
 }
 
 int
+policy_route_mixes_ip(const struct route *route)
+{
+	int ip = 0, value = 0;
+
+	for (size_t i = 0; i < route->nkeys; i++) {
+		ip |= route->keys[i].type == KEY_IP;
+		value |= route->keys[i].type == KEY_HEADER ||
+		    route->keys[i].type == KEY_QUERY ||
+		    route->keys[i].type == KEY_COOKIE;
+	}
+	return ip && value;
+}
+
+int
 policy_client_key(const struct route *route, const struct check_input *in,
     char *buf, size_t size, const char **key, size_t *keylen)
 {
@@ -238,13 +252,13 @@ policy_client_key(const struct route *route, const struct check_input *in,
 			if (in->ip && *in->ip) {
 				*key = in->ip;
 				*keylen = strlen(in->ip);
-				return 0;
+				return POLICY_KEY_IP;
 			}
 			break;
 		case KEY_GLOBAL:
 			*key = "*";
 			*keylen = 1;
-			return 1;
+			return POLICY_KEY_GLOBAL;
 		case KEY_HEADER:
 			v = in->header(in->header_ctx, ks->name);
 			if (v) {
@@ -258,7 +272,7 @@ policy_client_key(const struct route *route, const struct check_input *in,
 				if (l > 0) {
 					*key = v;
 					*keylen = l;
-					return 0;
+					return POLICY_KEY_VALUE;
 				}
 			}
 			break;
@@ -267,28 +281,54 @@ policy_client_key(const struct route *route, const struct check_input *in,
 			    size)) > 0) {
 				*key = buf;
 				*keylen = (size_t)n;
-				return 0;
+				return POLICY_KEY_VALUE;
 			}
 			break;
 		case KEY_COOKIE:
 			v = in->header(in->header_ctx, "Cookie");
 			if (v && cookie_lookup(v, ks->name, key, keylen) == 0)
-				return 0;
+				return POLICY_KEY_VALUE;
 			break;
 		}
 	}
-	return -1;
+	return POLICY_KEY_NONE;
+}
+
+/*
+ * On a route keyed by IP and by a value the client sends, an override key
+ * that is an address is for the client with that address (compared in
+ * canonical form), any other for a client sending that value: else anyone
+ * could send "X-Api-Key: 10.9.9.9" and take the exemption of host
+ * 10.9.9.9. Elsewhere an override key is matched as written.
+ */
+static int
+override_key_matches(const struct route *route, const char *okey,
+    const char *key, size_t keylen, int from_ip)
+{
+	char canon[INET6_ADDRSTRLEN + 8];
+
+	if (policy_route_mixes_ip(route)) {
+		int is_ip = policy_canonical_ip(okey, strlen(okey), canon,
+		    sizeof(canon)) == 0;
+
+		if (is_ip != from_ip)
+			return 0;
+		if (is_ip)
+			return strlen(canon) == keylen && memcmp(canon, key, keylen) == 0;
+	}
+	return strlen(okey) == keylen && memcmp(okey, key, keylen) == 0;
 }
 
 const struct limit_set *
-policy_limits(const struct route *route, const char *key, size_t keylen)
+policy_limits(const struct route *route, const char *key, size_t keylen,
+    int from_ip)
 {
 	for (size_t i = 0; i < route->noverrides; i++) {
 		const struct override *o = &route->overrides[i];
 
 		for (size_t j = 0; j < o->nkeys; j++)
-			if (strlen(o->keys[j]) == keylen &&
-			    memcmp(o->keys[j], key, keylen) == 0)
+			if (override_key_matches(route, o->keys[j], key, keylen,
+			    from_ip))
 				return &o->set;
 	}
 	return &route->limits;

@@ -33,19 +33,30 @@ void policy_normalize_uri(const char *uri, char *buf, size_t size,
 const struct route *policy_match(const struct config *config,
     const struct check_input *in);
 
+/* What policy_client_key found. */
+#define POLICY_KEY_NONE		(-1)	/* no source present */
+#define POLICY_KEY_VALUE	0	/* a header, query or cookie value */
+#define POLICY_KEY_GLOBAL	1	/* the route-wide key, "*" */
+#define POLICY_KEY_IP		2	/* the client IP */
+
 /* The client key of the route: the first key source present. *key points into
- * the request or into buf. Returns 0, 1 for the route-wide `global` key
- * (Redis names it "*", which no encoded client key can be), or -1 when no
- * source is present. */
+ * the request or into buf. Returns a POLICY_KEY_* (Redis names the global
+ * key "*", which no encoded client key can be). */
 int policy_client_key(const struct route *route, const struct check_input *in,
     char *buf, size_t size, const char **key, size_t *keylen);
 
 /* Does any of the route's key sources take the client IP? */
 int policy_route_keys_by_ip(const struct route *route);
 
-/* The limits that apply to this client (an override's, or the route's). */
+/* Does the route key by the client IP and by a value the client sends
+ * (header, query, cookie)? Then a value that spells an address must not
+ * be that address's client: see policy_limits and check_run. */
+int policy_route_mixes_ip(const struct route *route);
+
+/* The limits that apply to this client (an override's, or the route's);
+ * from_ip: the key is the client IP (POLICY_KEY_IP). */
 const struct limit_set *policy_limits(const struct route *route,
-    const char *key, size_t keylen);
+    const char *key, size_t keylen, int from_ip);
 
 /* The client IP (SPEC §5) as canonical text in out. A NULL peer is a unix
  * socket peer, on this host by definition, so it is trusted like a listed

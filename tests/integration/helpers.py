@@ -70,6 +70,13 @@ def rkey(route, client, limit, algorithm, prefix="rl:"):
     return "%s{%s:%s}:%s:%s" % (prefix, route, client_part(client), limit, algorithm)
 
 
+def rkey_ip(route, ip, limit, algorithm, prefix="rl:"):
+    """The key of a client identified by its IP on a route that also keys
+    by a value the client sends: "ip=" marks it ('=' is always encoded in a
+    value), so no header can spell its way onto an address's counter."""
+    return "%s{%s:ip=%s}:%s:%s" % (prefix, route, client_part(ip), limit, algorithm)
+
+
 def rkey_global(route, limit, algorithm, prefix="rl:"):
     return "%s{%s:*}:%s:%s" % (prefix, route, limit, algorithm)
 

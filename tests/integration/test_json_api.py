@@ -5,7 +5,7 @@ import pytest
 import requests
 
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
-from helpers import all_keys, has_rl_headers, policy, rkey, shared_daemon, vcheck
+from helpers import all_keys, has_rl_headers, policy, rkey, rkey_ip, shared_daemon, vcheck
 
 JSON_POLICY = policy(
     "  - name: api\n"
@@ -84,8 +84,8 @@ def test_describe_form(start_daemon, redis_server):
     assert v["remaining"] == 3
     assert all_keys(redis_server.client()) == {
         rkey("api", "k1", "burst", "token_bucket"), rkey("api", "k1", "hourly", "fixed_window"),
-        rkey("api", "203.0.113.7", "burst", "token_bucket"),
-        rkey("api", "203.0.113.7", "hourly", "fixed_window")}
+        rkey_ip("api", "203.0.113.7", "burst", "token_bucket"),
+        rkey_ip("api", "203.0.113.7", "hourly", "fixed_window")}
 
 
 def test_describe_form_ip_is_client_ip(start_daemon, redis_server):

@@ -4,7 +4,7 @@ lists, missing_key, and the Redis key layout for long and odd keys
 import pytest
 
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
-from helpers import all_keys, check, has_rl_headers, policy, rkey, rkey_global, vcheck
+from helpers import all_keys, check, has_rl_headers, policy, rkey, rkey_global, rkey_ip, vcheck
 
 
 def fw(limit, name="q"):
@@ -139,18 +139,45 @@ def test_literal_star_key_is_not_global(start_daemon, redis_server):
     assert all_keys(redis_server.client()) == {"rl:{g2:%2A}:q:fixed_window"}
 
 
-@pytest.mark.parametrize("path,headers,client", [
-    ("/fb/x?k=q1", {"X-Api-Key": "h1", "Cookie": "sid=c1"}, "h1"),
-    ("/fb/x?k=q1", {"Cookie": "sid=c1"}, "q1"),
-    ("/fb/x", {"Cookie": "sid=c1"}, "c1"),
-    ("/fb/x", {"X-Forwarded-For": "203.0.113.8"}, "203.0.113.8"),
-    ("/fb/x", {}, "127.0.0.1"),
+@pytest.mark.parametrize("path,headers,key", [
+    ("/fb/x?k=q1", {"X-Api-Key": "h1", "Cookie": "sid=c1"}, rkey("fb", "h1", "q", "fixed_window")),
+    ("/fb/x?k=q1", {"Cookie": "sid=c1"}, rkey("fb", "q1", "q", "fixed_window")),
+    ("/fb/x", {"Cookie": "sid=c1"}, rkey("fb", "c1", "q", "fixed_window")),
+    ("/fb/x", {"X-Forwarded-For": "203.0.113.8"}, rkey_ip("fb", "203.0.113.8", "q", "fixed_window")),
+    ("/fb/x", {}, rkey_ip("fb", "127.0.0.1", "q", "fixed_window")),
 ])
-def test_fallback_first_present_wins(start_daemon, redis_server, path, headers, client):
+def test_fallback_first_present_wins(start_daemon, redis_server, path, headers, key):
     d = start_daemon(KEYS)
     r = check(d, "/check" + path, "GET", headers)
     assert r.status_code == 200 and remaining(r) == 1
-    assert all_keys(redis_server.client()) == {rkey("fb", client, "q", "fixed_window")}
+    assert all_keys(redis_server.client()) == {key}
+
+
+def test_a_value_spelling_an_address_is_not_that_address(start_daemon, redis_server):
+    """key: [header:X-Api-Key, ip]: a client sending "X-Api-Key: 203.0.113.7"
+    must not spend the quota of the client at 203.0.113.7, nor take an
+    override written for address 10.9.9.9 (found by a security audit: both
+    worked, the key being the bare value whatever its source)."""
+    d = start_daemon(policy(
+        route("mix", "/mix/", "[header:X-Api-Key, ip]", limit=3,
+              extra='    overrides: [{keys: ["10.9.9.9", vip-key], unlimited: true}]\n'),
+        top="trusted_proxies: [127.0.0.1/32]\n"))
+    victim = {"X-Forwarded-For": "203.0.113.7"}
+    attacker = {"X-Forwarded-For": "198.51.100.1", "X-Api-Key": "203.0.113.7"}
+    assert remaining(check(d, "/check/mix/x", "GET", victim)) == 2
+    assert [check(d, "/check/mix/x", "GET", attacker).status_code for _ in range(4)] == \
+        [200, 200, 200, 429]
+    assert remaining(check(d, "/check/mix/x", "GET", victim)) == 1
+    # the address's exemption is the address's, the value's the value's
+    forged = {"X-Forwarded-For": "198.51.100.1", "X-Api-Key": "10.9.9.9"}
+    assert has_rl_headers(check(d, "/check/mix/x", "GET", forged))
+    assert not has_rl_headers(check(d, "/check/mix/x", "GET", {"X-Forwarded-For": "10.9.9.9"}))
+    assert not has_rl_headers(check(d, "/check/mix/x", "GET",
+                                    {"X-Forwarded-For": "198.51.100.1", "X-Api-Key": "vip-key"}))
+    assert all_keys(redis_server.client()) == {
+        rkey_ip("mix", "203.0.113.7", "q", "fixed_window"),
+        rkey("mix", "203.0.113.7", "q", "fixed_window"),
+        rkey("mix", "10.9.9.9", "q", "fixed_window")}
 
 
 def test_missing_key_deny_is_403(start_daemon, redis_server):

@@ -163,7 +163,7 @@ static const char *good_policy =
     "      - { name: hourly, algorithm: fixed_window, limit: 1000, window: 1h }\n"
     "    overrides:\n"
     "      - { keys: [partner-1], limits: [ { algorithm: gcra, rate: \"100/s\", burst: 50 } ] }\n"
-    "      - { keys: [internal], unlimited: true }\n"
+    "      - { keys: [internal, 10.9.9.9, \"2001:DB8:0::1\"], unlimited: true }\n"
     "  - name: versioned\n"
     "    match: { regex: '^/v[0-9]+/' }\n"
     "    key: global\n"
@@ -363,11 +363,18 @@ test_routes_and_keys(void)
 	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == 0);
 	CHECK(keylen == 2 && memcmp(key, "s9", 2) == 0);
 	h.names[1] = NULL;
-	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == 0);
+	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == POLICY_KEY_IP);
 	CHECK_STR(key, "203.0.113.7");
-	CHECK(policy_limits(r, "partner-1", 9) == &r->overrides[0].set);
-	CHECK(policy_limits(r, "partner-", 8) == &r->limits);
-	CHECK(policy_limits(r, "internal", 8)->unlimited);
+	CHECK(policy_route_mixes_ip(r));
+	CHECK(policy_limits(r, "partner-1", 9, 0) == &r->overrides[0].set);
+	CHECK(policy_limits(r, "partner-", 8, 0) == &r->limits);
+	CHECK(policy_limits(r, "internal", 8, 0)->unlimited);
+	/* a value is never an address's client, nor an address a value's */
+	CHECK(policy_limits(r, "partner-1", 9, 1) == &r->limits);
+	CHECK(policy_limits(r, "10.9.9.9", 8, 1)->unlimited);
+	CHECK(policy_limits(r, "10.9.9.9", 8, 0) == &r->limits);
+	CHECK(policy_limits(r, "2001:db8::1", 11, 1)->unlimited);	/* canonical */
+	CHECK(policy_limits(r, "2001:DB8:0::1", 13, 0) == &r->limits);
 
 	in.host = "other.example.com";		/* host mismatch: falls to default */
 	r = policy_match(c, &in);
