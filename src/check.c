@@ -21,6 +21,7 @@
 #include <jansson.h>
 
 #include "check.h"
+#include "clock.h"
 #include "config.h"
 #include "denycache.h"
 #include "fmt.h"
@@ -77,15 +78,6 @@ struct check {
 
 static void check_on_timer(evutil_socket_t, short, void *);
 static void check_send(struct check *);
-
-static long long
-mono_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
 
 static struct check *
 check_get(struct worker *w, struct http_request *req, int json)
@@ -432,8 +424,7 @@ check_on_reply(void *arg, const struct store_result *res)
 		denycache_put(w->w_denycache, ck->ck_config, ck->ck_route, ck->ck_set,
 		    ck->ck_client, ck->ck_cost, &ck->ck_verdict, mono_us());
 	if (ck->ck_verdict.allowed && ck->ck_verdict.delay_ms > 0 && !w->w_draining) {
-		struct timeval tv = { (time_t)(ck->ck_verdict.delay_ms / 1000),
-		    (suseconds_t)(ck->ck_verdict.delay_ms % 1000) * 1000 };
+		struct timeval tv = tv_us(ck->ck_verdict.delay_ms * 1000);
 
 		/* Shaping: the reply waits for its turn on a loop timer. */
 		ck->ck_phase = CHECK_DELAYED;
@@ -513,8 +504,7 @@ check_run(struct check *ck, const char *key, size_t keylen, int kind)
 	if (deadline_us < CHECK_DEADLINE_FLOOR_US)
 		deadline_us = ck->ck_config->redis_timeout_us < CHECK_DEADLINE_FLOOR_US ?
 		    ck->ck_config->redis_timeout_us : CHECK_DEADLINE_FLOOR_US;
-	tv.tv_sec = (time_t)(deadline_us / 1000000);
-	tv.tv_usec = (suseconds_t)(deadline_us % 1000000);
+	tv = tv_us(deadline_us);
 	event_add(ck->ck_timer, &tv);
 	check_send(ck);
 }

@@ -29,6 +29,7 @@
 #include <event2/event.h>
 #include <event2/thread.h>
 
+#include "clock.h"
 #include "config.h"
 #include "log.h"
 #include "metrics.h"
@@ -208,22 +209,12 @@ same_file_state(const struct stat *a, const struct stat *b)
 	    a->st_ctim.tv_nsec == b->st_ctim.tv_nsec;
 }
 
-static long long
-mono_now_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 /* From the settle timer and the poll: reloads a changed file once it has
  * settled (see MAIN_SETTLE_US). */
 static void
 on_file_check(evutil_socket_t fd, short what, void *arg)
 {
 	struct env *env = arg;
-	struct timeval tv = { 0, MAIN_SETTLE_US };
 	struct stat sb;
 	long long now;
 
@@ -236,7 +227,7 @@ on_file_check(evutil_socket_t fd, short what, void *arg)
 		env->pending = 0;
 		return;
 	}
-	now = mono_now_us();
+	now = mono_us();
 	if (!env->pending || !same_file_state(&sb, &env->pending_stat)) {
 		if (!env->pending)
 			env->pending_since_us = now;
@@ -248,10 +239,8 @@ on_file_check(evutil_socket_t fd, short what, void *arg)
 	 * the poll, a moment apart prove nothing), or out of patience. */
 	if (now - env->pending_stat_us < MAIN_SETTLE_US &&
 	    now - env->pending_since_us < MAIN_SETTLE_MAX_US) {
-		long long wait = MAIN_SETTLE_US - (now - env->pending_stat_us);
+		struct timeval tv = tv_us(MAIN_SETTLE_US - (now - env->pending_stat_us));
 
-		tv.tv_sec = 0;
-		tv.tv_usec = (suseconds_t)wait;
 		event_del(env->debounce_ev);
 		event_add(env->debounce_ev, &tv);
 		return;
@@ -265,7 +254,7 @@ on_inotify(evutil_socket_t fd, short what, void *arg)
 {
 	struct env *env = arg;
 	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
-	struct timeval tv = { 0, MAIN_SETTLE_US };
+	struct timeval tv = tv_us(MAIN_SETTLE_US);
 
 	(void)what;
 	while (read(fd, buf, sizeof(buf)) > 0)

@@ -32,6 +32,7 @@
 #include <event2/event.h>
 #include <event2/listener.h>
 
+#include "clock.h"
 #include "fmt.h"
 #include "log.h"
 #include "server.h"
@@ -116,28 +117,10 @@ static void conn_process(struct conn *);
  * and the timer, once it fires, sleeps again for what is left. The coarse
  * clock is a vDSO read; its few milliseconds do not matter to a timeout.
  */
-static long long
-coarse_now_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-	return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static long long
-now_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 static void
 idle_arm(struct conn *c, long long us)
 {
-	struct timeval tv = { (time_t)(us / 1000000), (suseconds_t)(us % 1000000) };
+	struct timeval tv = tv_us(us);
 
 	event_add(c->c_idle_ev, &tv);
 }
@@ -626,9 +609,9 @@ on_read(evutil_socket_t fd, short what, void *arg)
 		 * be complete within idle_timeout, like nginx's
 		 * client_header_timeout. */
 		if (!c->c_pending && c->c_in_len == 0)
-			c->c_active_us = coarse_now_us();
+			c->c_active_us = mono_coarse_us();
 		c->c_in_len += (size_t)n;
-		c->c_read_us = now_us();
+		c->c_read_us = mono_us();
 		conn_process(c);
 		return;
 	}
@@ -652,7 +635,7 @@ on_idle(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (!c->c_shut) {
 		long long left = c->c_active_us + c->c_server->s_idle_us -
-		    coarse_now_us();
+		    mono_coarse_us();
 
 		/* The handler's own deadline answers a pending request. */
 		if (c->c_pending)
@@ -695,7 +678,7 @@ on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
 	c->c_idle_ev = evtimer_new(srv->s_base, on_idle, c);
 	LIST_INSERT_HEAD(&srv->s_conns, c, c_entry);
 	event_add(c->c_read_ev, NULL);
-	c->c_active_us = coarse_now_us();
+	c->c_active_us = mono_coarse_us();
 	idle_arm(c, srv->s_idle_us);
 }
 
@@ -937,7 +920,7 @@ request_reply(struct http_request *req, int status, const char *content_type,
 		c->c_read_paused = 0;
 		event_add(c->c_read_ev, NULL);
 	}
-	c->c_active_us = coarse_now_us();
+	c->c_active_us = mono_coarse_us();
 	if (!c->c_processing)
 		conn_process(c);	/* pipelined requests; may free c */
 }

@@ -35,6 +35,7 @@
 #include <hiredis/hiredis.h>
 #include <hiredis/adapters/libevent.h>
 
+#include "clock.h"
 #include "config.h"
 #include "limiter.h"
 #include "log.h"
@@ -107,23 +108,6 @@ struct store {
 
 static void store_connect(struct store *);
 static void store_drop(struct store *, const char *);
-
-static long long
-now_us(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
-static struct timeval
-tv_us(long long us)
-{
-	struct timeval tv = { (time_t)(us / 1000000), (suseconds_t)(us % 1000000) };
-
-	return tv;
-}
 
 const char *
 store_state_name(enum store_state state)
@@ -240,7 +224,7 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 	if (st->st_state != STORE_UP) {
 		event_del(st->st_handshake_ev);
 		st->st_backoff_us = STORE_BACKOFF_MIN_US;
-		st->st_progress_us = now_us();
+		st->st_progress_us = mono_us();
 		if (st->st_logged_down || log_enabled(LOG_LEVEL_DEBUG))
 			log_info("redis %s: connected", st->st_address);
 		st->st_logged_down = 0;
@@ -395,10 +379,10 @@ on_watchdog(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	if (st->st_state == STORE_UP && st->st_inflight > 0 &&
-	    now_us() - st->st_progress_us > st->st_stall_us) {
+	    mono_us() - st->st_progress_us > st->st_stall_us) {
 		log_warnx("redis %s: no reply for %lld ms with %zu calls pending; "
 		    "dropping the link", st->st_address,
-		    (now_us() - st->st_progress_us) / 1000, st->st_inflight);
+		    (mono_us() - st->st_progress_us) / 1000, st->st_inflight);
 		st->st_logged_down = 1;
 		on_drop(-1, 0, st);
 	}
@@ -499,7 +483,7 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 
 	if (st->st_ac == ac && st->st_inflight >= b->sb_n) {
 		st->st_inflight -= b->sb_n;
-		st->st_progress_us = now_us();
+		st->st_progress_us = mono_us();
 	}
 	if (reply == NULL)
 		batch_fail(b, STORE_DISCONNECTED, NULL);
@@ -565,7 +549,7 @@ on_flush(evutil_socket_t fd, short what, void *arg)
 			continue;
 		}
 		if (st->st_inflight == 0)
-			st->st_progress_us = now_us();
+			st->st_progress_us = mono_us();
 		st->st_inflight += b->sb_n;
 		metrics_redis_call(st->st_metrics, b->sb_n);
 		sent = 1;

@@ -10,6 +10,7 @@
 #include <event2/event.h>
 
 #include "check.h"
+#include "clock.h"
 #include "config.h"
 #include "denycache.h"
 #include "http.h"
@@ -21,14 +22,6 @@
 #include "xmalloc.h"
 
 #define WORKER_FLUSH_US		100000	/* let the last replies go out */
-
-static struct timeval
-tv_us(long long us)
-{
-	struct timeval tv = { (time_t)(us / 1000000), (suseconds_t)(us % 1000000) };
-
-	return tv;
-}
 
 static void
 apply_http_settings(struct worker *w)
