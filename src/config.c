@@ -1739,9 +1739,13 @@ static const struct key_handler override_keys[] = {
 static void
 override_free(struct override *o)
 {
-	for (size_t i = 0; i < o->nkeys; i++)
+	for (size_t i = 0; i < o->nkeys; i++) {
 		free(o->keys[i]);
+		if (o->canon_ip)
+			free(o->canon_ip[i]);
+	}
 	free(o->keys);
+	free(o->canon_ip);
 	limit_set_free(&o->set);
 }
 

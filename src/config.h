@@ -56,6 +56,8 @@ struct limit_set {
 struct override {
 	char		**keys;
 	size_t		  nkeys;
+	char		**canon_ip;	/* per key: its canonical address, or NULL
+					 * (policy_prepare, mixed routes only) */
 	struct limit_set  set;
 };
 
@@ -82,6 +84,7 @@ struct route {
 	struct limit_set	 limits;
 	struct override		*overrides;
 	size_t			 noverrides;
+	int			 mixes_ip;	/* see policy_route_mixes_ip */
 };
 
 struct cidr {

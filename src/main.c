@@ -33,6 +33,7 @@
 #include "config.h"
 #include "log.h"
 #include "metrics.h"
+#include "policy.h"
 #include "worker.h"
 #include "xmalloc.h"
 
@@ -186,6 +187,7 @@ reload(struct env *env, const char *why)
 	}
 	c->workers_running = env->config->workers_running;
 	assign_metric_ids(c);
+	policy_prepare(c);
 	log_configure((enum log_level)c->log_level, (enum log_format)c->log_format);
 	for (int i = 0; i < env->nworkers; i++)
 		worker_set_config(env->workers[i], c);
@@ -331,6 +333,7 @@ run(const char *path)
 	log_configure((enum log_level)env.config->log_level,
 	    (enum log_format)env.config->log_format);
 	assign_metric_ids(env.config);
+	policy_prepare(env.config);
 	stat(path, &env.loaded_stat);
 
 	memset(&sa, 0, sizeof(sa));

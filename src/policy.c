@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "policy.h"
+#include "xmalloc.h"
 
 static int
 hexval(int c)
@@ -227,15 +228,35 @@ policy_route_keys_by_ip(const struct route *route)
 int
 policy_route_mixes_ip(const struct route *route)
 {
-	int ip = 0, value = 0;
+	return route->mixes_ip;
+}
 
-	for (size_t i = 0; i < route->nkeys; i++) {
-		ip |= route->keys[i].type == KEY_IP;
-		value |= route->keys[i].type == KEY_HEADER ||
-		    route->keys[i].type == KEY_QUERY ||
-		    route->keys[i].type == KEY_COOKIE;
+void
+policy_prepare(struct config *config)
+{
+	char canon[INET6_ADDRSTRLEN + 8];
+
+	for (size_t i = 0; i < config->nroutes; i++) {
+		struct route *r = &config->routes[i];
+		int ip = 0, value = 0;
+
+		for (size_t k = 0; k < r->nkeys; k++) {
+			ip |= r->keys[k].type == KEY_IP;
+			value |= r->keys[k].type == KEY_HEADER ||
+			    r->keys[k].type == KEY_QUERY ||
+			    r->keys[k].type == KEY_COOKIE;
+		}
+		r->mixes_ip = ip && value;
+		for (size_t j = 0; r->mixes_ip && j < r->noverrides; j++) {
+			struct override *o = &r->overrides[j];
+
+			o->canon_ip = xcalloc(o->nkeys, sizeof(*o->canon_ip));
+			for (size_t k = 0; k < o->nkeys; k++)
+				if (policy_canonical_ip(o->keys[k], strlen(o->keys[k]),
+				    canon, sizeof(canon)) == 0)
+					o->canon_ip[k] = xstrdup(canon);
+		}
 	}
-	return ip && value;
 }
 
 int
@@ -302,19 +323,16 @@ policy_client_key(const struct route *route, const struct check_input *in,
  * 10.9.9.9. Elsewhere an override key is matched as written.
  */
 static int
-override_key_matches(const struct route *route, const char *okey,
-    const char *key, size_t keylen, int from_ip)
+override_key_matches(const struct route *route, const struct override *o,
+    size_t j, const char *key, size_t keylen, int from_ip)
 {
-	char canon[INET6_ADDRSTRLEN + 8];
+	const char *okey = o->keys[j];
 
-	if (policy_route_mixes_ip(route)) {
-		int is_ip = policy_canonical_ip(okey, strlen(okey), canon,
-		    sizeof(canon)) == 0;
-
-		if (is_ip != from_ip)
+	if (route->mixes_ip) {
+		if ((o->canon_ip[j] != NULL) != from_ip)
 			return 0;
-		if (is_ip)
-			return strlen(canon) == keylen && memcmp(canon, key, keylen) == 0;
+		if (o->canon_ip[j])
+			okey = o->canon_ip[j];
 	}
 	return strlen(okey) == keylen && memcmp(okey, key, keylen) == 0;
 }
@@ -327,8 +345,7 @@ policy_limits(const struct route *route, const char *key, size_t keylen,
 		const struct override *o = &route->overrides[i];
 
 		for (size_t j = 0; j < o->nkeys; j++)
-			if (override_key_matches(route, o->keys[j], key, keylen,
-			    from_ip))
+			if (override_key_matches(route, o, j, key, keylen, from_ip))
 				return &o->set;
 	}
 	return &route->limits;

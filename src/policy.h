@@ -53,6 +53,11 @@ int policy_route_keys_by_ip(const struct route *route);
  * be that address's client: see policy_limits and check_run. */
 int policy_route_mixes_ip(const struct route *route);
 
+/* Derives what the checks of a loaded policy would otherwise work out on
+ * every request: which routes mix the IP with values, and the canonical
+ * form of their override keys that are addresses. Once, before use. */
+void policy_prepare(struct config *config);
+
 /* The limits that apply to this client (an override's, or the route's);
  * from_ip: the key is the client IP (POLICY_KEY_IP). */
 const struct limit_set *policy_limits(const struct route *route,

@@ -351,6 +351,7 @@ test_routes_and_keys(void)
 		CHECK(c != NULL);
 		return;
 	}
+	policy_prepare(c);
 	r = policy_match(c, &in);
 	CHECK(r && strcmp(r->name, "api") == 0);
 	CHECK(policy_route_keys_by_ip(r));	/* its last key source */
