@@ -1,11 +1,19 @@
 -- fixed_window: a = limit, b = window (us).
 -- One counter per aligned window floor(now / window), kept in a hash with the
--- window's start so a stale counter reads as zero without a second key. Like
--- every fixed window it admits up to 2x limit across a boundary.
+-- window's start `s` so a stale counter reads as zero without a second key.
+-- Like every fixed window it admits up to 2x limit across a boundary.
+--
+-- The expiry is set once, by the first charge of a window: the window's end
+-- is fixed, so every later charge would set the same deadline again, and
+-- that PEXPIRE was a fifth of the script's time on a busy key. The hash
+-- keeps the window length `w` it was set for, so a charge that finds
+-- another length (a reload, or a sidecar with another policy, whose window
+-- happens to start at the same instant) sets it again. A hash written by a
+-- build without `w` gets it, and its expiry, on its next charge.
 if USED.fixed_window then ALGORITHMS.fixed_window = {
   check = function(key, now, cost, limit, window)
     local start = math.floor(now / window) * window
-    local state = redis.call('HMGET', key, 's', 'n')
+    local state = redis.call('HMGET', key, 's', 'n', 'w')
     local count = 0
     if tonumber(state[1]) == start then count = tonumber(state[2]) or 0 end
     local until_end = start + window - now
@@ -24,10 +32,16 @@ if USED.fixed_window then ALGORITHMS.fixed_window = {
       delay = 0,
       start = start,
       count = count,
+      expiry_set = count > 0 and tonumber(state[3]) == window,
     }
   end,
   commit = function(key, now, cost, r, limit, window)
-    redis.call('HSET', key, 's', fmt_int(r.start), 'n', fmt_int(r.count + cost))
+    if r.expiry_set then
+      redis.call('HINCRBY', key, 'n', fmt_int(cost))
+      return
+    end
+    redis.call('HSET', key, 's', fmt_int(r.start), 'n', fmt_int(r.count + cost),
+               'w', fmt_int(window))
     expire_in_us(key, r.start + window - now)
   end,
 } end

@@ -27,13 +27,16 @@ local ALGORITHMS = {}
 -- The batch is read and checked whole before anything is decided, so a
 -- malformed call is refused having changed nothing. BATCH holds four
 -- entries per check: cost, limit count, index of its first limit in ARGV,
--- index before its first key in KEYS. BAD names the first problem.
+-- index before its first key in KEYS. PARAMS holds each limit's a, b, c as
+-- numbers at their ARGV indexes, so they are converted once. BAD names the
+-- first problem.
 --
 -- Only the algorithms this call names are built (USED). Redis runs the whole
 -- script body on every call, so defining all six (tables and closures) cost
 -- about 4 us per call; each algorithm file wraps its definition in `if
 -- USED.x`.
 local BATCH = {}
+local PARAMS = {}
 local USED = {}
 local BAD = nil
 do
@@ -51,11 +54,12 @@ do
     end
     for j = 0, n - 1 do
       local at = arg + 2 + 4 * j
-      if tonumber(ARGV[at + 1]) == nil or tonumber(ARGV[at + 2]) == nil
-          or tonumber(ARGV[at + 3]) == nil then
+      local a, b, c = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
+      if a == nil or b == nil or c == nil then
         BAD = 'bad limit parameters'
         break
       end
+      PARAMS[at + 1], PARAMS[at + 2], PARAMS[at + 3] = a, b, c
       USED[ARGV[at]] = true
     end
     if BAD then break end

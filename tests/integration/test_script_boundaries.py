@@ -102,6 +102,46 @@ def test_fixed_window_edge_burst(lim):
     assert lim("fw", spec, edge + S).allowed
 
 
+def test_fixed_window_sets_expiry_once_per_window_and_length(lim):
+    """A window's first charge sets the key's expiry (its end, plus 1 ms);
+    later charges of that window leave it alone (PERSIST shows they do).
+    A charge under another window length that starts at the same instant
+    (a reload from 10 s to 20 s at a 20 s boundary) keeps the count and
+    sets the expiry for the longer window; so does a charge on a hash left
+    by a build that did not record the length."""
+    def ttl_near(key, ms):
+        got = lim.r.pttl(key)
+        assert ms - 100 <= got <= ms, (key, got, ms)
+
+    ten, twenty = ("fixed_window", 5, 10 * S, 0), ("fixed_window", 5, 20 * S, 0)
+    start = T0 // (20 * S) * (20 * S)
+    assert start // (10 * S) * (10 * S) == start
+    rep = lim("fw-ttl", ten, start + S)
+    assert rep.allowed and rep[0]["remaining"] == 4
+    ttl_near("fw-ttl", 9_001)
+    lim.r.persist("fw-ttl")
+    rep = lim("fw-ttl", ten, start + 2 * S)
+    assert rep.allowed and rep[0]["remaining"] == 3
+    assert lim.r.pttl("fw-ttl") == -1                      # left alone
+    rep = lim("fw-ttl", twenty, start + 3 * S)
+    assert rep.allowed and rep[0]["remaining"] == 2 and rep[0]["reset"] == 17_000
+    ttl_near("fw-ttl", 17_001)
+    lim.r.persist("fw-ttl")
+    assert lim("fw-ttl", twenty, start + 4 * S).allowed
+    assert lim.r.pttl("fw-ttl") == -1
+    # the next window's first charge sets it again
+    rep = lim("fw-ttl", twenty, start + 20 * S)
+    assert rep.allowed and rep[0]["remaining"] == 4
+    ttl_near("fw-ttl", 20_001)
+
+    lim.r.hset("fw-old", mapping={"s": str(start), "n": "3"})
+    rep = lim("fw-old", ten, start + 5 * S)
+    assert rep.allowed and rep[0]["remaining"] == 1
+    ttl_near("fw-old", 5_001)
+    assert lim.r.hgetall("fw-old") == {b"s": str(start).encode(), b"n": b"4",
+                                       b"w": str(10 * S).encode()}
+
+
 def test_sliding_log_exact_at_window_edge(lim):
     """No more than limit in any window (now - W, now]: an entry at t0
     counts until t0 + W - 1 and is out at t0 + W, to the microsecond."""

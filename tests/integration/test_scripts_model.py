@@ -12,14 +12,18 @@ to exactly (+-1 us) the microsecond the model says a denied request would
 pass, or an admitted one's limits would be full again.
 
 Each call runs the real script text inside a test wrapper script
-(limits_script.build_probe_script) that then reads the expiry and PERSISTs
-every key in the same script call: every written key must expire exactly
-1 ms after its state stops mattering (rounded up to the millisecond; see
-expiry_ms in lib.lua), and PERSIST keeps the real clock from expiring keys
-under the forced clock, which also proves the scripts never rely on expiry
-for correctness. (Only a 2 ms expiry can pass on the real clock before the
-read; the harness then takes the key as gone, as it is, and counts it;
-that must stay rare.)
+(limits_script.build_probe_script) that plays the forced clock's expiry:
+before the script it deletes the keys whose expiry has come at the forced
+time and sets the others' to what is left of it; after, it reads every
+key's expiry and PERSISTs it, so the real clock expires nothing between
+calls. A key that expired too early would lose state that still matters,
+and the next decision would differ from the model's. Every charge must set
+its keys to expire exactly 1 ms after their state stops mattering (rounded
+up to the millisecond; see expiry_ms in lib.lua), except a fixed window's
+later charges, which must leave the expiry its window's first charge set;
+a denied call must leave every expiry alone. (Only an expiry of 1-2 ms can
+pass on the real clock inside the call; the harness then takes the key as
+gone, as it is, and counts it; that must stay rare.)
 """
 import itertools
 import os
@@ -61,10 +65,12 @@ class Harness:
         self.lost = 0            # keys expired by the real clock (see run)
         self.slowest = 0         # ms, the longest script call seen
 
-    def call(self, keys, limits, now, cost):
+    def call(self, keys, limits, now, cost, expiry):
+        """One probe call; expiry: per key, its expiry in ms at `now` on the
+        forced clock (0: expired, -1: none; see build_probe_script)."""
         pipe = self.r.pipeline(transaction=False)
         pipe.evalsha(self.probe, len(keys), *keys,
-                     *limits_script.Limits.args(now, cost, limits))
+                     *limits_script.Limits.args(now, cost, limits), *expiry)
         for k, lim in zip(keys, limits):
             if lim[0] == "sliding_window_log":
                 pipe.zcard(k)
@@ -88,10 +94,16 @@ class Harness:
             t = t // us[-1] * us[-1]             # start on a boundary
         history = []
         probe = None
+        deadline = [None] * len(limits)   # per key: its expiry, forced clock ms
         for i in range(n_calls):
             cost = rng.choice([1, 1, 1, 2, 3])
+            now_ms = t // 1000
+            expiry = [-1 if d is None else max(0, d - now_ms) for d in deadline]
+            # a fixed window's later charges keep the expiry of its first
+            window_goes_on = [lim[0] == "fixed_window" and m.count(t) > 0
+                              for lim, m in zip(limits, ms)]
             expected, ds = models.route_call(ms, t, cost)
-            got, ttls, sizes = self.call(keys, limits, t, cost)
+            got, ttls, sizes = self.call(keys, limits, t, cost, expiry)
             history.append((t - BASE, cost, got))
             ctx = "limits=%r call=%d t=BASE+%d cost=%d\nexpected %r\ngot      %r\nlast calls %r" % (
                 limits, i, t - BASE, cost, expected, got, history[-8:])
@@ -100,8 +112,9 @@ class Harness:
             per_limit = {got[2 + 5 * j] for j in range(len(limits))}
             self.split += not got[0] and per_limit == {0, 1}
             self.delayed += got[0] and any(got[2 + 5 * j + 4] for j in range(len(limits)))
-            if expected[0]:
-                for j, ((lo, hi, elapsed), lim) in enumerate(zip(ttls, limits)):
+            for j, ((lo, hi, elapsed), lim) in enumerate(zip(ttls, limits)):
+                where = "%s\nkey %d expiry in [%d, %d] ms" % (ctx, j, lo, hi)
+                if expected[0] and not window_goes_on[j]:
                     # reset_ms after the charge, plus the 1 ms the scripts
                     # add (Redis's ms clock lags the script's TIME)
                     need = got[2 + 5 * j + 2] + 1
@@ -112,9 +125,22 @@ class Harness:
                         # script): the key is gone, the state fresh again.
                         self.lost += 1
                         ms[j] = models.make(lim)
+                        deadline[j] = None
                         continue
-                    assert lo <= need <= hi, "%s\nkey %d expiry in [%d, %d] ms, need %d" % (
-                        ctx, j, lo, hi, need)
+                    assert lo <= need <= hi, "%s, need %d" % (where, need)
+                    deadline[j] = now_ms + need
+                elif lo == -2:
+                    # never written, expired, or emptied by housekeeping;
+                    # a charged key must still be there
+                    if expected[0]:
+                        assert 0 < expiry[j] <= elapsed + 2, "%s, charged key gone" % where
+                        self.lost += 1
+                        ms[j] = models.make(lim)
+                    deadline[j] = None
+                else:
+                    # the expiry the wrapper set, left alone by the script
+                    assert expiry[j] > 0 and lo <= expiry[j] <= hi + 1, \
+                        "%s, need %d (left as it was)" % (where, expiry[j])
             for lim, size in zip(limits, sizes):
                 if lim[0] == "sliding_window_log":
                     assert size <= lim[1], ctx           # O(limit) members

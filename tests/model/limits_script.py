@@ -98,18 +98,37 @@ class Limits:
 
 def build_probe_script():
     """The real script, unchanged, run as a function by a test wrapper that
-    then reads each key's expiry and PERSISTs it, in the same script call.
-    Under a forced clock this keeps the real clock from expiring state that
-    still matters at the forced time, and it proves the script never relies
-    on expiry for correctness. The expiry the script set (ms) is bracketed
-    exactly: PEXPIRE counts from the real clock at the call, which lies
-    between the TIME read before and after the script.
-    Reply: {script reply, {per key: lo, hi}, elapsed_ms}: the set expiry is
-    in [lo, hi]; lo = hi = -2 when the key does not exist (-1: no expiry)."""
+    plays a forced clock's expiry around it, in the same script call.
+
+    The wrapper takes one extra ARGV entry per key, after the script's own,
+    and removes them before the script runs: the key's expiry at the forced
+    time, in ms (0: it has expired, delete it; -1: leave it alone). It sets
+    those, runs the script, reads each key's expiry and PERSISTs it, so the
+    real clock expires nothing between calls while the harness expires keys
+    on the forced clock: an expiry set too early loses state that still
+    matters and shows as a wrong decision. The expiry (ms) read back is
+    bracketed exactly: PEXPIRE counts from the real clock at the call, which
+    lies between the TIME read before and after the script.
+    Reply: {script reply, {per key: lo, hi}, elapsed_ms}: the expiry is in
+    [lo, hi]; lo = hi = -2 when the key does not exist (-1: no expiry). An
+    expiry the wrapper set and the script left alone reads in [lo, hi + 1]
+    (the real clock may tick between the wrapper's PEXPIRE and its TIME)."""
     return ("local function ratelimitd_limits()\n" + build_script() + "end\n"
             "local function clock_ms()\n"
             "  local t = redis.call('TIME')\n"
             "  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n"
+            "end\n"
+            "local expiry = {}\n"
+            "for i = #KEYS, 1, -1 do\n"
+            "  expiry[i] = tonumber(ARGV[#ARGV])\n"
+            "  ARGV[#ARGV] = nil\n"
+            "end\n"
+            "for i = 1, #KEYS do\n"
+            "  if expiry[i] == 0 then\n"
+            "    redis.call('DEL', KEYS[i])\n"
+            "  elseif expiry[i] > 0 then\n"
+            "    redis.call('PEXPIRE', KEYS[i], expiry[i])\n"
+            "  end\n"
             "end\n"
             "local before = clock_ms()\n"
             "local reply = ratelimitd_limits()\n"
