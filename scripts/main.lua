@@ -32,9 +32,8 @@ end
 local now = now_us()
 local now_ms = math.floor(now / 1000)
 local reply, nreply = {}, 0
--- The current check's result per limit. Reused from check to check: Redis
--- runs this per check of every batch, and a table per check and per limit
--- was a tenth of the script's time.
+-- The current check's result per limit, reused from check to check: a
+-- table per check and per limit cost about 4 % of a call of 32 checks.
 local results = {}
 
 -- One check: limits at ARGV[arg..] (their numbers in PARAMS), keys at
