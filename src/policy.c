@@ -49,8 +49,12 @@ policy_normalize_uri(const char *uri, char *buf, size_t size, const char **query
 		if (c == '%' && hexval(p[1]) >= 0 && hexval(p[2]) >= 0) {
 			int d = hexval(p[1]) * 16 + hexval(p[2]);
 
-			/* %2F stays encoded so it cannot invent a segment; %00 too. */
-			if (d != '/' && d != 0) {
+			/* %2F decodes to a slash that separates segments, as
+			 * nginx decodes it before choosing a location: left
+			 * encoded, "/auth%2Flogin" matched no route while nginx
+			 * and most applications served /auth/login. %00 stays
+			 * encoded (nginx refuses it). */
+			if (d != 0) {
 				c = d;
 				p += 2;
 			}

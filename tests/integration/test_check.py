@@ -193,6 +193,9 @@ def routes_daemon(tmp_path_factory):
     ("/pre/", 22), ("/pre/a/b", 22), ("/pre/a?q=1", 22),
     ("/v1/items", 23), ("/v22/items", 23), ("/v3/items?page=2", 23),
     ("/both/x", 25), ("/both/xyz", 25),
+    # %2F is a slash, as nginx decodes it before choosing a location
+    ("/pre%2Fa", 22), ("/x/..%2Fexact", 21), ("/pre%2F..%2Fexact", 21),
+    ("/v1%2Fitems", 23),
     ("/exact/", None), ("/exactly", None), ("/exact/x", None),
     ("/pre", None), ("/prefix", None), ("/PRE/a", None),
     ("/vx/items", None), ("/v1/items/x", None), ("/a/v1/items", None),

@@ -374,6 +374,43 @@ def test_missing_key_stays_403(gateway, upstream):
     assert r.headers["X-RateLimit-Remaining"] == "99"
 
 
+CLOSED_POLICY = """\
+server:
+  listen: 127.0.0.1:{port}
+  deny_status: 403
+redis:
+  address: 127.0.0.1:{redis_port}
+  timeout: 100ms
+failure_mode: closed
+routes:
+  - name: api
+    match:
+      prefix: /api/
+    key: ip
+    limits:
+      - name: w
+        algorithm: sliding_window_log
+        limit: 3
+        window: 1m
+"""
+
+
+def test_daemon_failing_closed_gives_503(tmp_path, start_daemon, upstream):
+    # No Redis answers: a route with failure_mode: closed gets the daemon's
+    # 503, which auth_request turns into a 500; the recipe makes it a 503
+    # again, and the application is not reached. Unmatched paths still pass.
+    daemon = start_daemon(CLOSED_POLICY, wait_ready=False, redis_port=free_port())
+    gw = Nginx(tmp_path, daemon.port, upstream.port).start()
+    try:
+        r = get(gw, "/api/x")
+        assert r.status_code == 503, (r.status_code, r.text, gw.log())
+        assert json.loads(r.text) == {"error": "rate_limiter_unavailable"}
+        assert upstream.count("/") == 0
+        assert get(gw, "/other").status_code == 200
+    finally:
+        gw.stop()
+
+
 def test_unreachable_daemon_fails_closed(tmp_path, upstream):
     # Nothing listens on the daemon's port: auth_request answers 500 and the
     # application is not reached.

@@ -304,8 +304,17 @@ test_normalize(void)
 	CHECK_STR(buf, "/etc");
 	policy_normalize_uri("/auth/%6Cogin", buf, sizeof(buf), &q);
 	CHECK_STR(buf, "/auth/login");
-	policy_normalize_uri("/a%2Fb", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/a%2Fb");
+	/* %2F is a slash, as nginx decodes it before choosing a location */
+	policy_normalize_uri("/auth%2Flogin", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/auth/login");
+	policy_normalize_uri("/x/..%2Fauth/login", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/auth/login");
+	policy_normalize_uri("/api/..%2F..%2Fk/x", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/k/x");
+	policy_normalize_uri("/a%2f%2F/b", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/a/b");
+	policy_normalize_uri("/a%00b", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/a%00b");
 	policy_normalize_uri("", buf, sizeof(buf), &q);
 	CHECK_STR(buf, "/");
 	policy_normalize_uri("?x=1", buf, sizeof(buf), &q);
