@@ -70,6 +70,7 @@ struct check {
 	struct event		*ck_timer;
 	struct store_call	 ck_call;
 	long long		 ck_start_us;
+	long long		 ck_sent_us;	/* last handed to the store */
 	enum check_phase	 ck_phase;
 	int			 ck_redis_pending; /* hiredis holds ck_call */
 	int			 ck_retried;	/* NOSCRIPT retried once */
@@ -422,7 +423,8 @@ check_on_reply(void *arg, const struct store_result *res)
 	}
 	if (!ck->ck_verdict.allowed)
 		denycache_put(w->w_denycache, ck->ck_config, ck->ck_route, ck->ck_set,
-		    ck->ck_client, ck->ck_cost, &ck->ck_verdict, mono_us());
+		    ck->ck_client, ck->ck_cost, &ck->ck_verdict, ck->ck_sent_us,
+		    mono_us(), store_links(w->w_store));
 	if (ck->ck_verdict.allowed && ck->ck_verdict.delay_ms > 0 && !w->w_draining) {
 		struct timeval tv = tv_us(ck->ck_verdict.delay_ms * 1000);
 
@@ -447,6 +449,7 @@ check_send(struct check *ck)
 	ck->ck_call.sc_client = ck->ck_client;
 	ck->ck_call.sc_set = ck->ck_set;
 	ck->ck_call.sc_cost = ck->ck_cost;
+	ck->ck_sent_us = mono_us();
 	if (store_eval(w->w_store, &ck->ck_call, check_on_reply, ck) == -1) {
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_DISCONNECTED);
 		check_finish(ck, OUTCOME_DEGRADED);
@@ -491,7 +494,7 @@ check_run(struct check *ck, const char *key, size_t keylen, int kind)
 		return;
 	}
 	if (denycache_get(w->w_denycache, ck->ck_config, ck->ck_route, ck->ck_client,
-	    ck->ck_cost, mono_us(), &ck->ck_verdict)) {
+	    ck->ck_cost, mono_us(), store_links(w->w_store), &ck->ck_verdict)) {
 		check_finish(ck, OUTCOME_VERDICT);
 		return;
 	}

@@ -3,7 +3,12 @@
  * encoded client key, checked against the policy generation and route, so a
  * reload or another route never reads a stale entry. An entry stays valid
  * until the latest retry time among the denying limits, all of which must be
- * of an algorithm whose denial cannot end early.
+ * of an algorithm whose denial cannot end early, counted from when the call
+ * was sent (Redis decided later) and less the millisecond the script rounds
+ * up: answered from the reply's arrival, a client at 1000/s lost a third of
+ * its quota to denials past their time. And at most DENYCACHE_MAX_US, and
+ * over the same Redis link: state can vanish (a Redis restart, FLUSHDB, an
+ * operator deleting a key to let a client in), and Redis must then be asked.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -13,14 +18,19 @@
 #include "xmalloc.h"
 
 #define DENYCACHE_SLOTS 1024	/* power of two; entries are ~700 bytes */
+/* An operator's DEL or FLUSHDB shows within this; a hot key over its limit
+ * costs one Redis call per worker in this time. */
+#define DENYCACHE_MAX_US 10000000
 
 struct deny_entry {
 	uint64_t		 h1, h2;
 	unsigned long		 generation;
 	const struct route	*route;
 	long long		 cost;
-	long long		 stored_us;
-	long long		 until_us;
+	unsigned long		 link;
+	long long		 stored_us;	/* the reply's arrival: ages v */
+	long long		 retry_at_us;	/* what clients are told */
+	long long		 until_us;	/* valid before this */
 	struct verdict		 v;
 };
 
@@ -64,9 +74,10 @@ denycache_free(struct denycache *dc)
 void
 denycache_put(struct denycache *dc, const struct config *config,
     const struct route *route, const struct limit_set *set, const char *client,
-    long long cost, const struct verdict *v, long long now_us)
+    long long cost, const struct verdict *v, long long sent_us,
+    long long now_us, unsigned long link)
 {
-	long long until_ms = 0;
+	long long until_ms = 0, until_us;
 	struct deny_entry *e;
 	uint64_t h1, h2;
 
@@ -78,7 +89,11 @@ denycache_put(struct denycache *dc, const struct config *config,
 		if (v->r[i].retry_ms > until_ms)
 			until_ms = v->r[i].retry_ms;
 	}
-	if (until_ms <= 0)
+	/* retry_ms was rounded up: the denial surely holds until ms - 1. */
+	until_us = sent_us + (until_ms - 1) * 1000;
+	if (until_us > now_us + DENYCACHE_MAX_US)
+		until_us = now_us + DENYCACHE_MAX_US;
+	if (until_us <= now_us)
 		return;
 	hash128(client, &h1, &h2);
 	e = &dc->slots[h1 & (DENYCACHE_SLOTS - 1)];
@@ -87,15 +102,17 @@ denycache_put(struct denycache *dc, const struct config *config,
 	e->generation = config->generation;
 	e->route = route;
 	e->cost = cost;
+	e->link = link;
 	e->stored_us = now_us;
-	e->until_us = now_us + until_ms * 1000;
+	e->retry_at_us = now_us + until_ms * 1000;
+	e->until_us = until_us;
 	e->v = *v;
 }
 
 int
 denycache_get(struct denycache *dc, const struct config *config,
     const struct route *route, const char *client, long long cost,
-    long long now_us, struct verdict *out)
+    long long now_us, unsigned long link, struct verdict *out)
 {
 	struct deny_entry *e;
 	long long aged_ms;
@@ -105,12 +122,12 @@ denycache_get(struct denycache *dc, const struct config *config,
 	e = &dc->slots[h1 & (DENYCACHE_SLOTS - 1)];
 	if (e->until_us <= now_us || e->h1 != h1 || e->h2 != h2 ||
 	    e->generation != config->generation || e->route != route ||
-	    cost != e->cost)
+	    cost != e->cost || e->link != link)
 		return 0;
 	*out = e->v;
 	aged_ms = (now_us - e->stored_us) / 1000;
 	out->now_ms += aged_ms;
-	out->retry_ms = (e->until_us - now_us + 999) / 1000;
+	out->retry_ms = (e->retry_at_us - now_us + 999) / 1000;
 	for (size_t i = 0; i < out->n; i++) {
 		struct limit_result *r = &out->r[i];
 

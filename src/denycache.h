@@ -14,15 +14,20 @@ struct denycache;
 
 struct denycache *denycache_new(void);
 void denycache_free(struct denycache *dc);
-/* Remembers a denial if it can be exact; now_us is CLOCK_MONOTONIC. */
+/*
+ * Remembers a denial if it can be exact. Times are CLOCK_MONOTONIC: sent_us
+ * when the call was handed to Redis (Redis decided after it), now_us when
+ * the reply arrived. link is store_links() at the reply.
+ */
 void denycache_put(struct denycache *dc, const struct config *config,
     const struct route *route, const struct limit_set *set, const char *client,
-    long long cost, const struct verdict *v, long long now_us);
+    long long cost, const struct verdict *v, long long sent_us,
+    long long now_us, unsigned long link);
 /* A still-valid denial for this client and the same cost (a bigger cost has
- * a later retry time of its own),
- * with times aged to now; 1 on a hit. */
+ * a later retry time of its own) over the same link, with times aged to
+ * now; 1 on a hit. */
 int denycache_get(struct denycache *dc, const struct config *config,
     const struct route *route, const char *client, long long cost,
-    long long now_us, struct verdict *out);
+    long long now_us, unsigned long link, struct verdict *out);
 
 #endif

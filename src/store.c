@@ -70,6 +70,7 @@ struct store {
 	redisAsyncContext	*st_ac;
 	enum store_state	 st_state;
 	int			 st_tcp_up;	/* onConnect(OK) seen */
+	unsigned long		 st_links;	/* times the link came up */
 
 	/* settings from the policy; a change means reconnecting */
 	char			*st_address;
@@ -109,6 +110,12 @@ struct store {
 static void store_connect(struct store *);
 static void store_drop(struct store *, const char *);
 
+unsigned long
+store_links(const struct store *st)
+{
+	return st->st_links;
+}
+
 const char *
 store_state_name(enum store_state state)
 {
@@ -120,6 +127,8 @@ store_state_name(enum store_state state)
 static void
 set_state(struct store *st, enum store_state state)
 {
+	if (state == STORE_UP && st->st_state != STORE_UP)
+		st->st_links++;
 	st->st_state = state;
 	metrics_set_connected(st->st_metrics, state == STORE_UP);
 }

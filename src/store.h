@@ -63,6 +63,9 @@ struct store *store_new(struct event_base *base, const struct config *config,
 /* Adopts the Redis settings of a new policy; reconnects if they changed. */
 void store_configure(struct store *st, const struct config *config);
 enum store_state store_state(const struct store *st);
+/* How many times the link has come up. State read over an earlier link may
+ * be gone: a Redis restarted without persistence, or another one. */
+unsigned long store_links(const struct store *st);
 const char *store_state_name(enum store_state state);
 /* Queues the call; the callback runs exactly once (with the reply, or a
  * failure), unless -1 is returned (the link is not up) or the call is

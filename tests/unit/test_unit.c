@@ -636,18 +636,43 @@ test_denycache(void)
 	/* api's first two limits are token buckets; reuse a 2-limit slice */
 	struct limit_set two = { api->limits.limits, 2, 0, 20 };
 	CHECK(limiter_parse(&two, denied, 12, &v) == 0);
-	denycache_put(dc, c, api, &two, "k1", 1, &v, 1000000);
-	CHECK(denycache_get(dc, c, api, "k1", 1, 1500000, &out) == 1);
+	denycache_put(dc, c, api, &two, "k1", 1, &v, 1000000, 1000000, 1);
+	CHECK(denycache_get(dc, c, api, "k1", 1, 1500000, 1, &out) == 1);
 	CHECK(out.retry_ms == 1000 && !out.allowed);
-	CHECK(denycache_get(dc, c, api, "k2", 1, 1500000, &out) == 0);
-	CHECK(denycache_get(dc, c, api, "k1", 1, 2500000, &out) == 0);	/* expired */
-	CHECK(denycache_get(dc, c, &c->routes[0], "k1", 1, 1500000, &out) == 0);
+	CHECK(denycache_get(dc, c, api, "k2", 1, 1500000, 1, &out) == 0);
+	CHECK(denycache_get(dc, c, api, "k1", 1, 2500000, 1, &out) == 0);	/* expired */
+	CHECK(denycache_get(dc, c, &c->routes[0], "k1", 1, 1500000, 1, &out) == 0);
+	/* another Redis link: the state may be gone */
+	CHECK(denycache_get(dc, c, api, "k1", 1, 1500000, 2, &out) == 0);
+
+	/* Valid from the send, less the millisecond the script rounded up
+	 * (retry 500 ms: surely denied until 499 ms after the send); told
+	 * from the arrival, so a client is never sent back early. */
+	denied[5] = 500;
+	CHECK(limiter_parse(&two, denied, 12, &v) == 0);
+	denycache_put(dc, c, api, &two, "k3", 1, &v, 1000000, 1004000, 1);
+	CHECK(denycache_get(dc, c, api, "k3", 1, 1498999, 1, &out) == 1);
+	CHECK(out.retry_ms == 6);
+	CHECK(denycache_get(dc, c, api, "k3", 1, 1499000, 1, &out) == 0);
+	/* a retry of 1 ms cannot be known to hold past the send */
+	denied[5] = 1;
+	CHECK(limiter_parse(&two, denied, 12, &v) == 0);
+	denycache_put(dc, c, api, &two, "k4", 1, &v, 1000000, 1000000, 1);
+	CHECK(denycache_get(dc, c, api, "k4", 1, 1000000, 1, &out) == 0);
+	/* at most 10 s, whatever the retry */
+	denied[5] = 3600000;
+	CHECK(limiter_parse(&two, denied, 12, &v) == 0);
+	denycache_put(dc, c, api, &two, "k5", 1, &v, 1000000, 1000000, 1);
+	CHECK(denycache_get(dc, c, api, "k5", 1, 10999999, 1, &out) == 1);
+	CHECK(out.retry_ms == 3590001);
+	CHECK(denycache_get(dc, c, api, "k5", 1, 11000000, 1, &out) == 0);
 
 	/* a sliding_window_log denial is never cached */
 	CHECK(limiter_parse(&c->routes[0].limits, (long long[]){ 0, 1, 0, 0, 100, 100, 0 },
 	    7, &v) == 0);
-	denycache_put(dc, c, &c->routes[0], &c->routes[0].limits, "k9", 1, &v, 1000000);
-	CHECK(denycache_get(dc, c, &c->routes[0], "k9", 1, 1000001, &out) == 0);
+	denycache_put(dc, c, &c->routes[0], &c->routes[0].limits, "k9", 1, &v, 1000000,
+	    1000000, 1);
+	CHECK(denycache_get(dc, c, &c->routes[0], "k9", 1, 1000001, 1, &out) == 0);
 	denycache_free(dc);
 	config_unref(c);
 }

@@ -1,0 +1,162 @@
+"""The per-worker deny cache answers only what Redis would answer.
+
+A denial of a fixed_window, token_bucket or gcra limit is kept until its
+retry time, so a client over its limit costs no Redis call. Two ways that
+went wrong, found by an audit with three daemons on one Redis:
+
+  * Timed from the reply's arrival, with the script's millisecond round-up,
+    a cached denial outlived the moment Redis would allow: with Redis
+    replies 20 ms late, a gcra client at 20/s got 42 requests in 3 s where
+    Redis allowed 61. Now it counts from the send, less that millisecond.
+  * State can vanish under it (a Redis restarted without persistence): the
+    client stayed denied for the rest of its window on the workers that had
+    cached it, and was allowed everywhere else. Now an entry holds only
+    over the connection it came from.
+"""
+import queue
+import socket
+import threading
+import time
+
+import requests
+
+from conftest import RedisServer, wait_until
+from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
+from helpers import check, policy, rkey
+
+GCRA = policy(
+    "  - name: g\n    match: {prefix: /}\n    key: header:X-Api-Key\n"
+    "    limits: [{name: r, algorithm: gcra, rate: 10/s, burst: 1}]\n",
+    timeout="500ms")
+FW = policy(
+    "  - name: f\n    match: {prefix: /}\n    key: ip\n"
+    "    limits: [{name: q, algorithm: fixed_window, limit: 2, window: 1h}]\n")
+
+
+class SlowReplies:
+    """A TCP proxy to Redis that holds every reply `delay` seconds, as a
+    Redis across a network would; requests go through at once."""
+
+    def __init__(self, redis_port, delay):
+        self.redis_port, self.delay = redis_port, delay
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.socks = []
+        self.closed = False
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while not self.closed:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.redis_port))
+            self.socks += [client, server]
+            held = queue.Queue()
+            threading.Thread(target=self.pump, args=(client, server, None), daemon=True).start()
+            threading.Thread(target=self.pump, args=(server, None, held), daemon=True).start()
+            threading.Thread(target=self.release, args=(held, client), daemon=True).start()
+
+    def pump(self, src, dst, held):
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            if held is not None:
+                held.put((time.monotonic() + self.delay, data))
+            if not data:
+                return
+            if dst is not None:
+                try:
+                    dst.sendall(data)
+                except OSError:
+                    return
+
+    @staticmethod
+    def release(held, dst):
+        while True:
+            at, data = held.get()
+            time.sleep(max(0.0, at - time.monotonic()))
+            if not data:
+                dst.close()
+                return
+            try:
+                dst.sendall(data)
+            except OSError:
+                return
+
+    def close(self):
+        self.closed = True
+        self.listener.close()
+        for s in self.socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def redis_us(rc):
+    sec, usec = rc.time()
+    return sec * 1_000_000 + usec
+
+
+def script_calls(rc):
+    return rc.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+
+
+def test_cached_denial_never_outlives_the_real_one(start_daemon, redis_server):
+    """One client at full speed on a gcra of 10/s, burst 1, with every
+    Redis reply 20 ms late. A request is admitted by Redis iff it comes at
+    or after the stored TAT, so a 429 for a request sent after the TAT was
+    a denial Redis would not have made; the TAT only moves when a request
+    is admitted, and this client is the only one."""
+    proxy = SlowReplies(redis_server.port, 0.020)
+    try:
+        d = start_daemon(GCRA, redis_port=proxy.port)
+        rc = redis_server.client()
+        key = rkey("g", "late", "r", "gcra")
+        calls0 = script_calls(rc)
+        sent_after_tat, denied, allowed, requests_sent = [], 0, 0, 0
+        tat = 0
+        session = requests.Session()
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            sent = redis_us(rc)
+            r = session.get(d.url("/check/x"), headers={"X-Api-Key": "late"}, timeout=5)
+            requests_sent += 1
+            if r.status_code == 200:
+                allowed += 1
+                # the key lives until its TAT (plus 1 ms): read it now
+                tat = int(rc.get(key).decode().split("+")[0])
+                continue
+            assert r.status_code == 429, r.text
+            denied += 1
+            if sent > tat:
+                sent_after_tat.append(sent - tat)
+        cached = requests_sent - (script_calls(rc) - calls0)
+        assert allowed >= 5 and cached > 50, (allowed, denied, cached)
+        assert sent_after_tat == [], (
+            "%d of %d denials came after Redis would allow (by %s us)"
+            % (len(sent_after_tat), denied, sorted(sent_after_tat)[-5:]))
+    finally:
+        proxy.close()
+
+
+def test_cached_denial_forgotten_with_a_new_redis(start_daemon, redis_server, tmp_path):
+    d = start_daemon(FW)
+    rc = redis_server.client()
+    assert [check(d, "/check/x").status_code for _ in range(3)] == [200, 200, 429]
+    calls = script_calls(rc)
+    r = check(d, "/check/x")
+    assert r.status_code == 429 and script_calls(rc) == calls     # from the cache
+    redis_server.kill()                     # no persistence: every count is gone
+    back = RedisServer(tmp_path, port=redis_server.port).start()
+    try:
+        assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=2).ok, timeout=5)
+        r = check(d, "/check/x")
+        assert r.status_code == 200, r.text
+        assert r.headers["X-RateLimit-Remaining"] == "1"
+    finally:
+        back.stop()
