@@ -89,6 +89,13 @@ struct store {
 	struct event		*st_drop_ev;	/* deferred drop, outside hiredis */
 
 	size_t			 st_inflight;	/* checks sent, not answered */
+	int			 st_served;	/* a call answered on this link */
+	/* The watchdog dropped a link, and no call has been answered since. A
+	 * Redis can take the handshake but no script call (CLIENT PAUSE WRITE
+	 * in a failover): a new link is not taken as recovery (no "connected",
+	 * no backoff reset) until a call is answered, and the drops of such
+	 * links are one outage in the log. */
+	int			 st_stalled;
 	long long		 st_progress_us; /* last reply or first send */
 	int			 st_logged_down; /* "still down" logged once */
 	/* A refused AUTH, SELECT or SCRIPT LOAD logged once per outage: a
@@ -109,6 +116,13 @@ struct store {
 
 static void store_connect(struct store *);
 static void store_drop(struct store *, const char *);
+
+int
+store_answering(const struct store *st, long long within_us)
+{
+	return st->st_state == STORE_UP && (st->st_inflight == 0 ||
+	    mono_us() - st->st_progress_us < within_us);
+}
 
 unsigned long
 store_links(const struct store *st)
@@ -232,11 +246,16 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 	st->st_sha[40] = '\0';
 	if (st->st_state != STORE_UP) {
 		event_del(st->st_handshake_ev);
-		st->st_backoff_us = STORE_BACKOFF_MIN_US;
 		st->st_progress_us = mono_us();
-		if (st->st_logged_down || log_enabled(LOG_LEVEL_DEBUG))
-			log_info("redis %s: connected", st->st_address);
-		st->st_logged_down = 0;
+		st->st_served = 0;
+		if (!st->st_stalled) {
+			st->st_backoff_us = STORE_BACKOFF_MIN_US;
+			if (st->st_logged_down || log_enabled(LOG_LEVEL_DEBUG))
+				log_info("redis %s: connected", st->st_address);
+			st->st_logged_down = 0;
+		} else
+			log_debug("redis %s: connected again; waiting for an answer",
+			    st->st_address);
 		st->st_logged_handshake = 0;
 		set_state(st, STORE_UP);
 	}
@@ -389,9 +408,12 @@ on_watchdog(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (st->st_state == STORE_UP && st->st_inflight > 0 &&
 	    mono_us() - st->st_progress_us > st->st_stall_us) {
-		log_warnx("redis %s: no reply for %lld ms with %zu calls pending; "
-		    "dropping the link", st->st_address,
-		    (mono_us() - st->st_progress_us) / 1000, st->st_inflight);
+		if (!st->st_stalled)
+			log_warnx("redis %s: no reply for %lld ms with %zu calls "
+			    "pending; dropping the link", st->st_address,
+			    (mono_us() - st->st_progress_us) / 1000,
+			    st->st_inflight);
+		st->st_stalled = 1;
 		st->st_logged_down = 1;
 		on_drop(-1, 0, st);
 	}
@@ -493,6 +515,15 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 	if (st->st_ac == ac && st->st_inflight >= b->sb_n) {
 		st->st_inflight -= b->sb_n;
 		st->st_progress_us = mono_us();
+	}
+	if (st->st_ac == ac && reply != NULL && !st->st_served) {
+		st->st_served = 1;
+		if (st->st_stalled) {
+			log_info("redis %s: answering again", st->st_address);
+			st->st_stalled = 0;
+			st->st_backoff_us = STORE_BACKOFF_MIN_US;
+			st->st_logged_down = 0;
+		}
 	}
 	if (reply == NULL)
 		batch_fail(b, STORE_DISCONNECTED, NULL);
@@ -647,6 +678,11 @@ store_configure(struct store *st, const struct config *c)
 		st->st_ac = NULL;
 		redisAsyncFree(ac);
 	}
+	/* The old link's calls have had their callbacks: counted as pending,
+	 * they made the watchdog drop the new, healthy link a second later. */
+	st->st_inflight = 0;
+	st->st_tcp_up = 0;
+	st->st_stalled = 0;
 	event_del(st->st_retry_ev);
 	store_connect(st);
 }
@@ -665,8 +701,8 @@ store_new(struct event_base *base, const struct config *config,
 	st->st_retry_ev = evtimer_new(base, on_retry, st);
 	st->st_handshake_ev = evtimer_new(base, on_handshake_timeout, st);
 	st->st_drop_ev = event_new(base, -1, 0, on_drop, st);
-	/* The default priority, that of client and Redis I/O: activated during
-	 * an iteration's I/O, it runs after all of it. */
+	/* Activated during an iteration's I/O, it runs after all of it (every
+	 * event has the one priority). */
 	st->st_flush_ev = event_new(base, -1, 0, on_flush, st);
 	st->st_watchdog_ev = event_new(base, -1, EV_PERSIST, on_watchdog, st);
 	event_add(st->st_watchdog_ev, &wd);

@@ -116,7 +116,6 @@ worker_new(int id, int listen_fd, struct config *config)
 	w->w_metrics = metrics_new();
 	w->w_denycache = denycache_new();
 	w->w_config = config_ref(config);
-	event_base_priority_init(w->w_base, WORKER_PRIORITIES);
 	w->w_server = server_new(w->w_base, listen_fd, http_dispatch, w);
 	apply_http_settings(w);
 	w->w_config_ev = event_new(w->w_base, -1, 0, on_config, w);

@@ -54,11 +54,5 @@ void worker_join(struct worker *w);
 /* Called by the check module when its last active check is done. */
 void worker_check_done(struct worker *w);
 
-/* Event priorities: Redis replies and client I/O run before the deadline
- * timers of the same loop iteration, so a reply that has arrived is used
- * even when its deadline expired while the thread was descheduled. */
-#define WORKER_PRIORITIES	3
-#define WORKER_PRIORITY_DEADLINE 2
-
 
 #endif

@@ -1,7 +1,10 @@
 """Redis faults: kill, pause, restart, SCRIPT FLUSH, password, database,
 fail-open/closed and their deadlines (SPEC §3.1, §3.3, §8)."""
 import os
+import shutil
+import signal
 import socket
+import subprocess
 import threading
 import time
 
@@ -161,6 +164,45 @@ def test_redis_paused_replies_within_deadline(start_daemon, redis_server):
     assert 429 in statuses
 
 
+def test_deadline_holds_under_client_load(start_daemon, redis_server, tmp_path):
+    """The deadline timers must not wait for a quiet moment: wrk keeps
+    every connection readable (16 pipelined checks of a path no route
+    matches, which never ask Redis) while Redis is paused, and checks that
+    do ask Redis must still fail open by redis.timeout. With the timers
+    below client I/O in priority, libevent never ran them under this load:
+    the first probe waited 1.05 s, for the stall watchdog."""
+    if shutil.which("wrk") is None:
+        pytest.skip("wrk is not installed")
+    d = start_daemon(policy(route("r", "/limited/")))
+    assert check(d, "/check/limited/x").headers["X-RateLimit-Remaining"] == "4"
+    script = tmp_path / "pipe.lua"
+    script.write_text(
+        'init = function(args)\n'
+        '  local r = {}\n'
+        '  for i = 1, 16 do r[i] = wrk.format("GET", "/check/nothing") end\n'
+        '  req = table.concat(r)\n'
+        'end\n'
+        'request = function() return req end\n')
+    load = subprocess.Popen(["wrk", "-t1", "-c32", "-d4s", "-s", str(script),
+                             d.url("/check/nothing")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        redis_server.pause()
+        try:
+            took = []
+            for _ in range(10):
+                r, dt = timed_check(d, "/check/limited/x")
+                assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "-1"
+                took.append(dt)
+            assert max(took) < TIMEOUT_S + SLACK_S, ["%.3f" % t for t in took]
+        finally:
+            redis_server.resume()
+    finally:
+        load.wait(10)
+    assert healthy(d)
+
+
 def test_pipelined_checks_each_within_the_deadline(start_daemon, redis_server):
     """Checks pipelined on one connection are answered in order, each by
     redis.timeout after it arrived: one waiting in the buffer behind others
@@ -184,6 +226,111 @@ def test_pipelined_checks_each_within_the_deadline(start_daemon, redis_server):
         assert buf.count(b"HTTP/1.1 200 ") == 5, buf
         assert buf.count(b"X-RateLimit-Remaining: -1\r\n") == 5, buf
         assert max(times) < 0.2 + SLACK_S, ["%.3f" % t for t in times]
+    finally:
+        redis_server.resume()
+    assert wait_until(lambda: limited_again(d), timeout=3), d.log()
+
+
+def test_silent_redis_costs_one_timeout_not_one_per_check(start_daemon, redis_server):
+    """Redis runs calls in order: once it has left one unanswered for
+    redis.timeout, a new check would only wait behind it. The first check
+    after Redis goes silent waits its timeout; the next ones, before the
+    watchdog drops the link (1 s), are answered at once by the failure
+    mode and counted as timeouts."""
+    d = start_daemon(SIMPLE)
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+    redis_server.pause()
+    try:
+        first, dt = timed_check(d)
+        assert first.headers["X-RateLimit-Remaining"] == "-1"
+        assert dt >= TIMEOUT_S * 0.9, dt
+        took = []
+        for _ in range(8):
+            r, dt = timed_check(d)
+            assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "-1"
+            took.append(dt)
+        assert sum(t < TIMEOUT_S / 2 for t in took) >= 7, ["%.3f" % t for t in took]
+        metrics = requests.get(d.url("/metrics"), timeout=5).text
+        assert 'ratelimitd_redis_errors_total{kind="timeout"} 9' in metrics, metrics
+    finally:
+        redis_server.resume()
+    assert wait_until(lambda: limited_again(d), timeout=3), d.log()
+
+
+def test_redis_taking_no_script_calls_is_one_outage(start_daemon, redis_server):
+    """CLIENT PAUSE WRITE (a failover's pause) lets the handshake through
+    (INFO, SCRIPT LOAD) but holds every script call. Each link then comes
+    up and is dropped by the watchdog a second later; that must read as one
+    outage: one line when it starts and one when Redis answers again, not a
+    "connected" and a "dropping" line per second with the backoff reset
+    each time."""
+    d = start_daemon(SIMPLE)
+    assert check(d, "/check/x").status_code == 200
+    redis_server.client().execute_command("CLIENT", "PAUSE", "3500", "WRITE")
+    end = time.monotonic() + 3.6
+    while time.monotonic() < end:
+        assert check(d, "/check/x").status_code == 200
+        time.sleep(0.02)
+    assert wait_until(lambda: limited_again(d) and "answering again" in d.log(),
+                      timeout=5), d.log()
+    log = d.log()
+    assert log.count("dropping the link") == 1, log
+    assert log.count("answering again") == 1, log
+    assert ": connected" not in log, log
+
+
+def test_reload_to_another_redis_leaves_nothing_pending(start_daemon, redis_server, tmp_path):
+    """A reload that names another Redis while a call to the old one is
+    unanswered: the new link must not inherit that call as pending (it
+    was failed when the old link went), or new checks would be answered
+    as if Redis were silent and the watchdog would drop the healthy link."""
+    other = RedisServer(tmp_path, port=None).start()
+    d = start_daemon(SIMPLE)
+    try:
+        assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+        redis_server.pause()
+        for _ in range(3):
+            assert timed_check(d)[0].headers["X-RateLimit-Remaining"] == "-1"
+        d.redis_port = other.port
+        d.write_policy(SIMPLE)
+        d.signal(signal.SIGHUP)
+        assert wait_until(lambda: check(d, "/check/x").headers["X-RateLimit-Remaining"] != "-1",
+                          timeout=3), d.log()
+        end = time.monotonic() + 1.8
+        while time.monotonic() < end:
+            r = check(d, "/check/x")
+            assert r.headers["X-RateLimit-Remaining"] != "-1", d.log()
+            time.sleep(0.05)
+        assert "dropping the link" not in d.log(), d.log()
+    finally:
+        redis_server.resume()
+        other.stop()
+
+
+def test_many_pipelined_checks_fail_open_together_when_redis_is_silent(
+        start_daemon, redis_server):
+    """Twenty checks pipelined while Redis is paused: each is answered by
+    redis.timeout after it arrived. The least Redis time a check gets when
+    its turn comes late (for a check behind a shaped reply) must not apply
+    while Redis answers nothing, or each check adds it to the next (the
+    twentieth came 240 ms late with a 10 ms floor)."""
+    d = start_daemon(SIMPLE)
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+    redis_server.pause()
+    try:
+        one = b"GET /check/x HTTP/1.1\r\nHost: x\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", d.port), timeout=5) as s:
+            t0 = time.monotonic()
+            s.sendall(one * 20)
+            buf, times = b"", []
+            while len(times) < 20:
+                data = s.recv(65536)
+                assert data, "connection closed after %d replies" % len(times)
+                buf += data
+                while len(times) < buf.count(b"HTTP/1.1 "):
+                    times.append(time.monotonic() - t0)
+        assert buf.count(b"X-RateLimit-Remaining: -1\r\n") == 20, buf
+        assert max(times) < TIMEOUT_S + 0.150, ["%.3f" % t for t in times]
     finally:
         redis_server.resume()
     assert wait_until(lambda: limited_again(d), timeout=3), d.log()
