@@ -46,7 +46,8 @@ http_reply_json_error(struct http_request *req, int status, const char *fmt, ...
 static void
 serve_readyz(struct worker *w, struct http_request *req)
 {
-	enum store_state st = store_state(w->w_store);
+	/* Every worker's link, not only this one's: clients reach them all. */
+	enum store_state st = (enum store_state)metrics_redis_state_min();
 	int ready = w->w_config != NULL && st == STORE_UP && !w->w_draining;
 
 	http_reply_json(req, ready ? 200 : 503, json_pack("{s:b,s:b,s:s}", "ready", ready,

@@ -14,6 +14,7 @@
 
 #include "log.h"
 #include "metrics.h"
+#include "store.h"
 #include "xmalloc.h"
 
 /* Upper bounds in seconds: sub-millisecond checks need fine low buckets. */
@@ -37,7 +38,7 @@ struct metrics {
 	counter_t	 redis_errors[REDIS_ERROR_COUNT];
 	counter_t	 batch[NBATCH + 1];	/* last is +Inf */
 	counter_t	 batch_sum;
-	atomic_int	 connected;
+	atomic_int	 redis_state;
 	atomic_llong	 in_flight;
 };
 
@@ -147,9 +148,25 @@ metrics_redis_call(struct metrics *m, size_t checks)
 }
 
 void
-metrics_set_connected(struct metrics *m, int connected)
+metrics_set_redis_state(struct metrics *m, int state)
 {
-	atomic_store_explicit(&m->connected, connected, memory_order_relaxed);
+	atomic_store_explicit(&m->redis_state, state, memory_order_relaxed);
+}
+
+int
+metrics_redis_state_min(void)
+{
+	int least = -1;
+
+	pthread_mutex_lock(&metrics_lock);
+	for (struct metrics *m = metrics_all; m; m = m->next) {
+		int s = atomic_load_explicit(&m->redis_state, memory_order_relaxed);
+
+		if (least < 0 || s < least)
+			least = s;
+	}
+	pthread_mutex_unlock(&metrics_lock);
+	return least < 0 ? 0 : least;
 }
 
 void
@@ -198,7 +215,7 @@ metrics_render(struct evbuffer *out)
 	unsigned long long buckets[NBUCKETS + 1] = { 0 };
 	unsigned long long batch[NBATCH + 1] = { 0 }, batch_sum = 0;
 	long long in_flight = 0;
-	int connected = 0, nworkers = 0;
+	int least = -1, nworkers = 0;
 	unsigned n = atomic_load(&metrics_nnames);
 	struct metrics *m;
 
@@ -227,7 +244,10 @@ metrics_render(struct evbuffer *out)
 		for (size_t b = 0; b <= NBATCH; b++)
 			batch[b] += load(&m->batch[b]);
 		batch_sum += load(&m->batch_sum);
-		connected += atomic_load_explicit(&m->connected, memory_order_relaxed);
+		int s = atomic_load_explicit(&m->redis_state, memory_order_relaxed);
+
+		if (least < 0 || s < least)
+			least = s;
 		in_flight += atomic_load_explicit(&m->in_flight, memory_order_relaxed);
 		nworkers++;
 	}
@@ -251,7 +271,7 @@ metrics_render(struct evbuffer *out)
 	    "# HELP ratelimitd_redis_connected 1 when every worker's Redis link is up.\n"
 	    "# TYPE ratelimitd_redis_connected gauge\n"
 	    "ratelimitd_redis_connected %d\n",
-	    nworkers > 0 && connected == nworkers);
+	    nworkers > 0 && least == STORE_UP);
 	evbuffer_add_printf(out,
 	    "# HELP ratelimitd_config_reloads_total Policy reloads, by result.\n"
 	    "# TYPE ratelimitd_config_reloads_total counter\n"

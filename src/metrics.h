@@ -34,7 +34,11 @@ void metrics_check(struct metrics *m, unsigned route_id, enum check_result r,
 void metrics_redis_error(struct metrics *m, enum redis_error_kind kind);
 /* A script call carrying `checks` checks was sent. */
 void metrics_redis_call(struct metrics *m, size_t checks);
-void metrics_set_connected(struct metrics *m, int connected);
+/* The worker's Redis link state, an enum store_state. */
+void metrics_set_redis_state(struct metrics *m, int state);
+/* The least advanced link state of all workers: /readyz and the gauge say
+ * the same thing, whichever worker is asked. */
+int metrics_redis_state_min(void);
 void metrics_in_flight(struct metrics *m, int delta);
 void metrics_reload(int ok);
 /* Appends the Prometheus text exposition of every worker's counters. */

@@ -144,7 +144,7 @@ set_state(struct store *st, enum store_state state)
 	if (state == STORE_UP && st->st_state != STORE_UP)
 		st->st_links++;
 	st->st_state = state;
-	metrics_set_connected(st->st_metrics, state == STORE_UP);
+	metrics_set_redis_state(st->st_metrics, (int)state);
 }
 
 /* Arms the reconnect timer with the current backoff, then doubles it. */
@@ -261,8 +261,11 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 	}
 }
 
-/* Only a Cluster node needs one check per call; an error (INFO not
- * allowed to this ACL user) leaves batching on, as on a plain Redis. */
+/* Only a Cluster node needs one check per call; NOPERM (INFO not allowed
+ * to this ACL user) leaves batching on, as on a plain Redis. Any other error
+ * is the reason the attempt fails, and is said: NOAUTH (a password is
+ * needed), or "max number of clients reached", which Redis sends before
+ * closing (else the log showed SCRIPT LOAD's protocol error, or a reset). */
 static void
 on_info_cluster(redisAsyncContext *ac, void *r, void *privdata)
 {
@@ -270,8 +273,17 @@ on_info_cluster(redisAsyncContext *ac, void *r, void *privdata)
 	redisReply *reply = r;
 
 	(void)privdata;
-	if (reply == NULL || st == NULL || st->st_ac != ac)
+	if (reply == NULL || st == NULL || st->st_ac != ac || st->st_handshake_failed)
 		return;
+	if (reply->type == REDIS_REPLY_ERROR && strncmp(reply->str, "NOPERM", 6) != 0) {
+		if (!st->st_logged_handshake)
+			log_warnx("redis %s: INFO failed: %s", st->st_address, reply->str);
+		st->st_logged_handshake = 1;
+		st->st_logged_down = 1;
+		st->st_handshake_failed = 1;
+		store_drop(st, NULL);
+		return;
+	}
 	st->st_cluster = reply->type == REDIS_REPLY_STRING &&
 	    strstr(reply->str, "cluster_enabled:1") != NULL;
 	if (st->st_cluster && st->st_max_batch > 1)

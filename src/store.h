@@ -16,6 +16,7 @@ struct config;
 struct metrics;
 struct limit_set;
 
+/* Ordered: the least advanced of the workers is the daemon's (metrics). */
 enum store_state { STORE_DOWN, STORE_CONNECTING, STORE_UP };
 
 enum store_status {

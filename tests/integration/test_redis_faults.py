@@ -9,6 +9,7 @@ import threading
 import time
 
 import pytest
+import redis
 import requests
 
 from conftest import RedisServer, wait_until
@@ -539,6 +540,49 @@ def test_password_against_redis_without_one_never_comes_up(start_daemon, redis_s
     # 1.6 s, not one every 50 ms
     attempts = rc.info("stats")["total_connections_received"] - before
     assert attempts <= 12, attempts
+
+
+def test_redis_reasons_for_refusing_are_logged(start_daemon, redis_server):
+    """A Redis that needs a password the daemon was not given answers
+    NOAUTH; one at maxclients says so before it closes. The log must name
+    that reason, once, not what it led to (SCRIPT LOAD's protocol error,
+    a reset connection)."""
+    rc = redis_server.client()
+    rc.config_set("requirepass", PASSWORD)
+    try:
+        d = start_daemon(SIMPLE, wait_ready=False)
+        assert wait_until(lambda: "NOAUTH" in d.log(), timeout=3), d.log()
+        time.sleep(0.5)
+        log = d.log()
+        assert log.count("INFO failed: NOAUTH") == 1, log
+        assert "Protocol error" not in log and "SCRIPT LOAD" not in log, log
+    finally:
+        rc = redis.Redis(host="127.0.0.1", port=redis_server.port, password=PASSWORD)
+        rc.config_set("requirepass", "")
+
+
+def test_readyz_needs_every_worker(start_daemon, redis_server):
+    """/readyz says what ratelimitd_redis_connected says, whichever worker
+    answers it: with room in Redis for one worker's link only, 503 every
+    time, then 200 once both are up."""
+    rc = redis_server.client()
+    rc.ping()
+    rc.config_set("maxclients", 2)           # this client and one worker
+    try:
+        d = start_daemon(policy(route("r", "/"), server="  workers: 2\n"),
+                         wait_ready=False)
+        assert wait_until(lambda: "max number of clients reached" in d.log(),
+                          timeout=3), d.log()
+        statuses = [requests.get(d.url("/readyz"), timeout=2).status_code
+                    for _ in range(20)]
+        assert statuses == [503] * 20, statuses
+        metrics = requests.get(d.url("/metrics"), timeout=2).text
+        assert "ratelimitd_redis_connected 0" in metrics
+    finally:
+        rc.config_set("maxclients", 10000)
+    assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=2).status_code == 200,
+                      timeout=3), d.log()
+    assert "ratelimitd_redis_connected 1" in requests.get(d.url("/metrics"), timeout=2).text
 
 
 def test_database_selected(start_daemon, redis_server):
