@@ -41,6 +41,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "replypool.h"
+#include "resolve.h"
 #include "script.h"
 #include "store.h"
 #include "xmalloc.h"
@@ -105,6 +106,7 @@ struct store {
 	 * read behind it (a Redis without a password refuses AUTH but runs
 	 * SCRIPT LOAD) must not bring the link up before the drop. */
 	int			 st_handshake_failed;
+	struct lookup		*st_lookup;	/* the host's name being looked up */
 
 	int			 st_max_batch;	/* redis.max_batch */
 	int			 st_cluster;	/* a Cluster node: one check a call */
@@ -301,28 +303,88 @@ load_script(struct store *st)
 		st->st_script_loading = 1;
 }
 
+/* The host part of a TCP address ("[v6]:port" or "host:port"). */
+static void
+address_host(const char *address, char *host, size_t size)
+{
+	const char *colon = strrchr(address, ':');
+	size_t hl = (size_t)(colon - address);
+
+	if (address[0] == '[') {
+		hl -= 2;
+		address++;
+	}
+	if (hl >= size)
+		hl = size - 1;
+	memcpy(host, address, hl);
+	host[hl] = '\0';
+}
+
+static void connect_to(struct store *, const char *);
+
+static void
+on_lookup(void *arg, const char *ip, const char *error)
+{
+	struct store *st = arg;
+
+	st->st_lookup = NULL;
+	/* Answered after this attempt gave up: the next one asks again. */
+	if (st->st_state != STORE_CONNECTING || st->st_ac != NULL)
+		return;
+	if (ip == NULL) {
+		if (!st->st_logged_down)
+			log_warnx("redis %s: cannot resolve the host: %s",
+			    st->st_address, error);
+		st->st_logged_down = 1;
+		schedule_retry(st);
+		return;
+	}
+	connect_to(st, ip);
+}
+
+/* A new attempt: connect, after looking the host's name up off the loop
+ * when it is not an address. connect_timeout covers the lookup too. */
 static void
 store_connect(struct store *st)
+{
+	char host[256];
+	struct timeval tv = tv_us(st->st_connect_timeout_us);
+
+	if (strncmp(st->st_address, "unix:", 5) == 0) {
+		connect_to(st, NULL);
+		return;
+	}
+	address_host(st->st_address, host, sizeof(host));
+	if (lookup_is_numeric(host)) {
+		connect_to(st, host);
+		return;
+	}
+	if (st->st_lookup && strcmp(lookup_host(st->st_lookup), host) != 0) {
+		lookup_cancel(st->st_lookup);
+		st->st_lookup = NULL;
+	}
+	/* A lookup an earlier attempt gave up on may still be running: wait
+	 * for it rather than pile up threads behind a hung resolver. */
+	if (st->st_lookup == NULL &&
+	    (st->st_lookup = lookup_start(st->st_base, host, on_lookup, st)) == NULL) {
+		connect_to(st, host);	/* no thread: as hiredis would, blocking */
+		return;
+	}
+	set_state(st, STORE_CONNECTING);
+	event_add(st->st_handshake_ev, &tv);
+}
+
+/* Connects to ip (NULL: the unix socket) and queues the handshake. */
+static void
+connect_to(struct store *st, const char *ip)
 {
 	redisAsyncContext *ac;
 	struct timeval tv = tv_us(st->st_connect_timeout_us);
 
-	if (strncmp(st->st_address, "unix:", 5) == 0)
+	if (ip == NULL)
 		ac = redisAsyncConnectUnix(st->st_address + 5);
-	else {
-		char host[256];
-		const char *colon = strrchr(st->st_address, ':');
-		size_t hl = (size_t)(colon - st->st_address);
-
-		if (st->st_address[0] == '[') {
-			memcpy(host, st->st_address + 1, hl - 2);
-			host[hl - 2] = '\0';
-		} else {
-			memcpy(host, st->st_address, hl < sizeof(host) ? hl : sizeof(host) - 1);
-			host[hl < sizeof(host) ? hl : sizeof(host) - 1] = '\0';
-		}
-		ac = redisAsyncConnect(host, atoi(colon + 1));
-	}
+	else
+		ac = redisAsyncConnect(ip, atoi(strrchr(st->st_address, ':') + 1));
 	if (ac == NULL || ac->err) {
 		if (!st->st_logged_down)
 			log_warnx("redis %s: connect failed: %s", st->st_address,
@@ -360,7 +422,9 @@ store_connect(struct store *st)
 	st->st_cluster = 0;
 	redisAsyncCommand(ac, on_info_cluster, NULL, "INFO cluster");
 	load_script(st);
-	event_add(st->st_handshake_ev, &tv);
+	/* After a lookup, its timer runs on: it covers both. */
+	if (!evtimer_pending(st->st_handshake_ev, NULL))
+		event_add(st->st_handshake_ev, &tv);
 }
 
 /* Frees the context from outside hiredis: now if safe, else deferred. */
@@ -403,8 +467,18 @@ on_handshake_timeout(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	if (st->st_state != STORE_CONNECTING || st->st_ac == NULL)
+	if (st->st_state != STORE_CONNECTING)
 		return;
+	if (st->st_ac == NULL) {
+		/* Still looking the name up; the lookup runs on, for the next
+		 * attempt to use. */
+		if (!st->st_logged_down)
+			log_warnx("redis %s: the host's name was not resolved within "
+			    "connect_timeout", st->st_address);
+		st->st_logged_down = 1;
+		schedule_retry(st);
+		return;
+	}
 	if (!st->st_logged_down)
 		log_warnx("redis %s: no answer within connect_timeout", st->st_address);
 	st->st_logged_down = 1;
@@ -728,6 +802,8 @@ store_free(struct store *st)
 {
 	if (st == NULL)
 		return;
+	if (st->st_lookup)
+		lookup_cancel(st->st_lookup);
 	if (st->st_ac) {
 		redisAsyncContext *ac = st->st_ac;
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 import requests
 
-from conftest import RedisServer, wait_until
+from conftest import ROOT, RedisServer, wait_until
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
 from helpers import ArgsRedis, all_keys, check, healthy, policy, rkey, shared_daemon, vcheck
 
@@ -583,6 +583,49 @@ def test_readyz_needs_every_worker(start_daemon, redis_server):
     assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=2).status_code == 200,
                       timeout=3), d.log()
     assert "ratelimitd_redis_connected 1" in requests.get(d.url("/metrics"), timeout=2).text
+
+
+def slow_dns(tmp_path, **env):
+    """The environment that preloads tests/tools/slow_dns.c into the daemon
+    (ASan, if the binary has it, is told the preload is deliberate)."""
+    lib = os.path.join(str(tmp_path), "slow_dns.so")
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", "-o", lib,
+                    os.path.join(ROOT, "tests", "tools", "slow_dns.c"), "-ldl"],
+                   check=True)
+    asan = os.environ.get("ASAN_OPTIONS", "")
+    return dict(env, LD_PRELOAD=lib,
+                ASAN_OPTIONS=(asan + ":" if asan else "") + "verify_asan_link_order=0")
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_slow_name_lookup_never_stalls_the_worker(start_daemon, redis_server, tmp_path, fail):
+    """redis.address names a host whose lookup takes 1.5 s (and then
+    resolves, or fails). hiredis 0.14 looks names up inside its connect,
+    blocking: every check and /healthz waited for the resolver, at each
+    reconnect. Checks must fail open at once meanwhile, and limiting start
+    once the name resolves."""
+    env = slow_dns(tmp_path, SLOW_DNS_NAME="slowredis.test", SLOW_DNS_MS="1500",
+                   **({"SLOW_DNS_FAIL": "1"} if fail else {}))
+    pol = policy(route("r", "/")).replace("127.0.0.1:{redis_port}",
+                                          "slowredis.test:{redis_port}")
+    assert "slowredis.test" in pol
+    d = start_daemon(pol, wait_ready=False, env=env)
+    t_end = time.monotonic() + 1.2
+    while time.monotonic() < t_end:
+        t0 = time.monotonic()
+        assert requests.get(d.url("/healthz"), timeout=5).ok
+        assert time.monotonic() - t0 < 0.2
+        r, dt = timed_check(d)
+        assert r.headers["X-RateLimit-Remaining"] == "-1" and dt < 0.2, dt
+    if fail:
+        time.sleep(1.0)
+        assert requests.get(d.url("/readyz"), timeout=2).status_code == 503
+        assert_fail_open(d, n=2)
+        assert "connected" not in d.log(), d.log()
+    else:
+        assert wait_until(lambda: limited_again(d), timeout=5), d.log()
+        assert requests.get(d.url("/readyz"), timeout=2).status_code == 200
+    assert d.log().count("not resolved within connect_timeout") == 1, d.log()
 
 
 def test_database_selected(start_daemon, redis_server):
