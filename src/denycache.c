@@ -59,6 +59,17 @@ exact_when_denied(enum algorithm a)
 	    a == ALGORITHM_GCRA;
 }
 
+/* The client's slot on this route: a client over limits of two routes
+ * keeps both denials (the slot from the client alone made them evict each
+ * other). */
+static struct deny_entry *
+slot(struct denycache *dc, const struct route *route, uint64_t h1)
+{
+	uint64_t r = (uint64_t)(uintptr_t)route * 0x9e3779b97f4a7c15ULL;
+
+	return &dc->slots[(h1 ^ (r >> 32)) & (DENYCACHE_SLOTS - 1)];
+}
+
 struct denycache *
 denycache_new(void)
 {
@@ -96,7 +107,7 @@ denycache_put(struct denycache *dc, const struct config *config,
 	if (until_us <= now_us)
 		return;
 	hash128(client, &h1, &h2);
-	e = &dc->slots[h1 & (DENYCACHE_SLOTS - 1)];
+	e = slot(dc, route, h1);
 	e->h1 = h1;
 	e->h2 = h2;
 	e->generation = config->generation;
@@ -119,7 +130,7 @@ denycache_get(struct denycache *dc, const struct config *config,
 	uint64_t h1, h2;
 
 	hash128(client, &h1, &h2);
-	e = &dc->slots[h1 & (DENYCACHE_SLOTS - 1)];
+	e = slot(dc, route, h1);
 	if (e->until_us <= now_us || e->h1 != h1 || e->h2 != h2 ||
 	    e->generation != config->generation || e->route != route ||
 	    cost != e->cost || e->link != link)

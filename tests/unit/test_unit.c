@@ -667,6 +667,19 @@ test_denycache(void)
 	CHECK(out.retry_ms == 3590001);
 	CHECK(denycache_get(dc, c, api, "k5", 1, 11000000, 1, &out) == 0);
 
+	/* one client over limits of two routes keeps both denials */
+	{
+		const struct route *dflt = &c->routes[3];
+		struct verdict fw;
+
+		CHECK(limiter_parse(&dflt->limits, (long long[]){ 0, 5000, 0, 0, 60000, 500, 0 },
+		    7, &fw) == 0);
+		denycache_put(dc, c, api, &two, "k6", 1, &v, 1000000, 1000000, 1);
+		denycache_put(dc, c, dflt, &dflt->limits, "k6", 1, &fw, 1000000, 1000000, 1);
+		CHECK(denycache_get(dc, c, api, "k6", 1, 1000001, 1, &out) == 1);
+		CHECK(denycache_get(dc, c, dflt, "k6", 1, 1000001, 1, &out) == 1);
+	}
+
 	/* a sliding_window_log denial is never cached */
 	CHECK(limiter_parse(&c->routes[0].limits, (long long[]){ 0, 1, 0, 0, 100, 100, 0 },
 	    7, &v) == 0);
