@@ -36,11 +36,12 @@ policy_normalize_uri(const char *uri, char *buf, size_t size, const char **query
 			buf[0] = '\0';
 		return;
 	}
-	/* An absolute-form URI (http://host/path) keeps only its path. */
+	/* An absolute-form URI (http://host/path?q) keeps only its path and
+	 * query; the authority ends at the first '/', '?' or '#' (a '/' in
+	 * the query is not the path). */
 	if (strncasecmp(p, "http://", 7) == 0 || strncasecmp(p, "https://", 8) == 0) {
-		p = strchr(p + 7 + (p[4] == 's' || p[4] == 'S'), '/');
-		if (p == NULL)
-			p = "/";
+		p += 7 + (p[4] == 's' || p[4] == 'S');
+		p += strcspn(p, "/?#");
 	}
 	buf[o++] = '/';
 	for (; *p && *p != '?' && *p != '#' && o < size - 1; p++) {

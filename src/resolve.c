@@ -47,10 +47,17 @@ lookup_main(void *arg)
 	struct addrinfo hints, *res = NULL;
 	int rc, cancelled;
 
+	/* IPv4 first, then IPv6, as hiredis 0.14 does: with AF_UNSPEC a stock
+	 * /etc/hosts gives ::1 first for localhost, and a Redis bound to
+	 * 127.0.0.1 was never reached. */
 	memset(&hints, 0, sizeof(hints));
-	hints.ai_family = AF_UNSPEC;
+	hints.ai_family = AF_INET;
 	hints.ai_socktype = SOCK_STREAM;
 	rc = getaddrinfo(lk->lk_host, NULL, &hints, &res);
+	if (rc != 0) {
+		hints.ai_family = AF_INET6;
+		rc = getaddrinfo(lk->lk_host, NULL, &hints, &res);
+	}
 	if (rc != 0)
 		strncpy(lk->lk_error, gai_strerror(rc), sizeof(lk->lk_error) - 1);
 	else {

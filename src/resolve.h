@@ -10,7 +10,8 @@
 struct event_base;
 struct lookup;
 
-/* ip: the first address, numeric; NULL with error set when none. */
+/* ip: the host's first IPv4 address, else its first IPv6 one (the order
+ * hiredis tries), numeric; NULL with error set when none. */
 typedef void (*lookup_cb)(void *arg, const char *ip, const char *error);
 
 /* Starts looking up host; cb runs once, on base's thread, unless the

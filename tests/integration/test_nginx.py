@@ -405,6 +405,9 @@ def test_daemon_failing_closed_gives_503(tmp_path, start_daemon, upstream):
         r = get(gw, "/api/x")
         assert r.status_code == 503, (r.status_code, r.text, gw.log())
         assert json.loads(r.text) == {"error": "rate_limiter_unavailable"}
+        # the daemon's headers, as SPEC's fail-closed reply has them
+        assert r.headers["X-RateLimit-Limit"] == "3"
+        assert r.headers["X-RateLimit-Remaining"] == "-1"
         assert upstream.count("/") == 0
         assert get(gw, "/other").status_code == 200
     finally:

@@ -628,6 +628,18 @@ def test_slow_name_lookup_never_stalls_the_worker(start_daemon, redis_server, tm
     assert d.log().count("not resolved within connect_timeout") == 1, d.log()
 
 
+def test_name_with_ipv6_first_reaches_an_ipv4_redis(start_daemon, redis_server, tmp_path):
+    """A name that resolves like localhost in a stock /etc/hosts (::1
+    first) must reach a Redis bound to 127.0.0.1: IPv4 first, as hiredis
+    tries them."""
+    env = slow_dns(tmp_path, SLOW_DNS_NAME="dualhost.test", SLOW_DNS_MS="0",
+                   SLOW_DNS_V6_FIRST="1")
+    pol = policy(route("r", "/")).replace("127.0.0.1:{redis_port}",
+                                          "dualhost.test:{redis_port}")
+    d = start_daemon(pol, wait_ready=False, env=env)
+    assert wait_until(lambda: limited_again(d), timeout=3), d.log()
+
+
 def test_database_selected(start_daemon, redis_server):
     d = start_daemon(policy(route("r", "/"), redis="  database: 3\n"))
     assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"

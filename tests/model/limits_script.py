@@ -96,6 +96,11 @@ class Limits:
         return out
 
 
+# Added by the probe wrapper to the expiries it sets (see build_probe_script):
+# 10^9 ms, 11.6 days, far beyond any expiry a script sets.
+PROBE_OFFSET_MS = 10 ** 9
+
+
 def build_probe_script():
     """The real script, unchanged, run as a function by a test wrapper that
     plays a forced clock's expiry around it, in the same script call.
@@ -103,16 +108,19 @@ def build_probe_script():
     The wrapper takes one extra ARGV entry per key, after the script's own,
     and removes them before the script runs: the key's expiry at the forced
     time, in ms (0: it has expired, delete it; -1: leave it alone). It sets
-    those, runs the script, reads each key's expiry and PERSISTs it, so the
-    real clock expires nothing between calls while the harness expires keys
-    on the forced clock: an expiry set too early loses state that still
-    matters and shows as a wrong decision. The expiry (ms) read back is
-    bracketed exactly: PEXPIRE counts from the real clock at the call, which
-    lies between the TIME read before and after the script.
+    those, PROBE_OFFSET_MS later than asked so that the real clock cannot
+    expire them during the call (a Redis preempted for a few ms would), runs
+    the script, reads each key's expiry and PERSISTs it, so the real clock
+    expires nothing between calls while the harness expires keys on the
+    forced clock: an expiry set too early loses state that still matters
+    and shows as a wrong decision. The expiry (ms) read back is bracketed
+    exactly: PEXPIRE counts from the real clock at the call, which lies
+    between the TIME read before the wrapper's PEXPIREs and after the
+    script.
     Reply: {script reply, {per key: lo, hi}, elapsed_ms}: the expiry is in
-    [lo, hi]; lo = hi = -2 when the key does not exist (-1: no expiry). An
-    expiry the wrapper set and the script left alone reads in [lo, hi + 1]
-    (the real clock may tick between the wrapper's PEXPIRE and its TIME)."""
+    [lo, hi]; lo = hi = -2 when the key does not exist (-1: no expiry); an
+    expiry the script left as the wrapper set it reads PROBE_OFFSET_MS
+    higher (no script sets one that long)."""
     return ("local function ratelimitd_limits()\n" + build_script() + "end\n"
             "local function clock_ms()\n"
             "  local t = redis.call('TIME')\n"
@@ -123,14 +131,14 @@ def build_probe_script():
             "  expiry[i] = tonumber(ARGV[#ARGV])\n"
             "  ARGV[#ARGV] = nil\n"
             "end\n"
+            "local before = clock_ms()\n"
             "for i = 1, #KEYS do\n"
             "  if expiry[i] == 0 then\n"
             "    redis.call('DEL', KEYS[i])\n"
             "  elseif expiry[i] > 0 then\n"
-            "    redis.call('PEXPIRE', KEYS[i], expiry[i])\n"
+            "    redis.call('PEXPIRE', KEYS[i], expiry[i] + " + str(PROBE_OFFSET_MS) + ")\n"
             "  end\n"
             "end\n"
-            "local before = clock_ms()\n"
             "local reply = ratelimitd_limits()\n"
             "local after = clock_ms()\n"
             "local ttls = {}\n"

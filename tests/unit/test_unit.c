@@ -322,6 +322,10 @@ test_normalize(void)
 	CHECK_STR(q, "x=1");
 	policy_normalize_uri("http://h.example/p?q", buf, sizeof(buf), &q);
 	CHECK_STR(buf, "/p");
+	/* the authority ends at '?': a '/' in the query is not the path */
+	policy_normalize_uri("http://h?u=/admin", buf, sizeof(buf), &q);
+	CHECK_STR(buf, "/");
+	CHECK_STR(q, "u=/admin");
 	policy_normalize_uri("/a/..", buf, sizeof(buf), &q);
 	CHECK_STR(buf, "/");
 	policy_normalize_uri("/a/b/.", buf, sizeof(buf), &q);
