@@ -204,6 +204,24 @@ def test_deadline_holds_under_client_load(start_daemon, redis_server, tmp_path):
     assert healthy(d)
 
 
+def pipelined_reply_times(d, n):
+    """Sends n checks in one write on one connection; returns the bytes of
+    their n replies and, per reply, the seconds from the send until it had
+    come."""
+    one = b"GET /check/x HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", d.port), timeout=5) as s:
+        t0 = time.monotonic()
+        s.sendall(one * n)
+        buf, times = b"", []
+        while len(times) < n:
+            data = s.recv(65536)
+            assert data, "connection closed after %d replies" % len(times)
+            buf += data
+            while len(times) < buf.count(b"HTTP/1.1 "):
+                times.append(time.monotonic() - t0)
+    return buf, times
+
+
 def test_pipelined_checks_each_within_the_deadline(start_daemon, redis_server):
     """Checks pipelined on one connection are answered in order, each by
     redis.timeout after it arrived: one waiting in the buffer behind others
@@ -213,17 +231,7 @@ def test_pipelined_checks_each_within_the_deadline(start_daemon, redis_server):
     assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
     redis_server.pause()
     try:
-        one = b"GET /check/x HTTP/1.1\r\nHost: x\r\n\r\n"
-        with socket.create_connection(("127.0.0.1", d.port), timeout=5) as s:
-            t0 = time.monotonic()
-            s.sendall(one * 5)
-            buf, times = b"", []
-            while len(times) < 5:
-                data = s.recv(65536)
-                assert data, "connection closed after %d replies" % len(times)
-                buf += data
-                while len(times) < buf.count(b"HTTP/1.1 "):
-                    times.append(time.monotonic() - t0)
+        buf, times = pipelined_reply_times(d, 5)
         assert buf.count(b"HTTP/1.1 200 ") == 5, buf
         assert buf.count(b"X-RateLimit-Remaining: -1\r\n") == 5, buf
         assert max(times) < 0.2 + SLACK_S, ["%.3f" % t for t in times]
@@ -319,17 +327,7 @@ def test_many_pipelined_checks_fail_open_together_when_redis_is_silent(
     assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
     redis_server.pause()
     try:
-        one = b"GET /check/x HTTP/1.1\r\nHost: x\r\n\r\n"
-        with socket.create_connection(("127.0.0.1", d.port), timeout=5) as s:
-            t0 = time.monotonic()
-            s.sendall(one * 20)
-            buf, times = b"", []
-            while len(times) < 20:
-                data = s.recv(65536)
-                assert data, "connection closed after %d replies" % len(times)
-                buf += data
-                while len(times) < buf.count(b"HTTP/1.1 "):
-                    times.append(time.monotonic() - t0)
+        buf, times = pipelined_reply_times(d, 20)
         assert buf.count(b"X-RateLimit-Remaining: -1\r\n") == 20, buf
         assert max(times) < TIMEOUT_S + 0.150, ["%.3f" % t for t in times]
     finally:
