@@ -507,8 +507,7 @@ check_run(struct check *ck, const char *key, size_t keylen, int kind)
 	/* Redis runs calls in order: while it has left one unanswered for
 	 * redis.timeout, this one would wait behind it past its own deadline.
 	 * Answer at once, as when the link is down. */
-	if (store_state(w->w_store) == STORE_UP &&
-	    !store_answering(w->w_store, ck->ck_config->redis_timeout_us)) {
+	if (store_silent(w->w_store, ck->ck_config->redis_timeout_us)) {
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_TIMEOUT);
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;

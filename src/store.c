@@ -90,7 +90,6 @@ struct store {
 	struct event		*st_drop_ev;	/* deferred drop, outside hiredis */
 
 	size_t			 st_inflight;	/* checks sent, not answered */
-	int			 st_served;	/* a call answered on this link */
 	/* The watchdog dropped a link, and no call has been answered since. A
 	 * Redis can take the handshake but no script call (CLIENT PAUSE WRITE
 	 * in a failover): a new link is not taken as recovery (no "connected",
@@ -99,12 +98,10 @@ struct store {
 	int			 st_stalled;
 	long long		 st_progress_us; /* last reply or first send */
 	int			 st_logged_down; /* "still down" logged once */
-	/* A refused AUTH, SELECT or SCRIPT LOAD logged once per outage: a
-	 * wrong password fails every attempt the same way. */
-	int			 st_logged_handshake;
-	/* This attempt's AUTH or SELECT was refused: the replies already
-	 * read behind it (a Redis without a password refuses AUTH but runs
-	 * SCRIPT LOAD) must not bring the link up before the drop. */
+	int			 st_logged_handshake; /* see handshake_refused */
+	/* This attempt's handshake was refused: the replies already read
+	 * behind it (a Redis without a password refuses AUTH but runs SCRIPT
+	 * LOAD) must not bring the link up before the drop. */
 	int			 st_handshake_failed;
 	struct lookup		*st_lookup;	/* the host's name being looked up */
 
@@ -120,10 +117,10 @@ static void store_connect(struct store *);
 static void store_drop(struct store *, const char *);
 
 int
-store_answering(const struct store *st, long long within_us)
+store_silent(const struct store *st, long long within_us)
 {
-	return st->st_state == STORE_UP && (st->st_inflight == 0 ||
-	    mono_us() - st->st_progress_us < within_us);
+	return st->st_state == STORE_UP && st->st_inflight > 0 &&
+	    mono_us() - st->st_progress_us >= within_us;
 }
 
 unsigned long
@@ -201,6 +198,23 @@ on_disconnect(const redisAsyncContext *ac, int status)
 	schedule_retry(st);
 }
 
+/*
+ * A handshake step refused (AUTH, SELECT, INFO, SCRIPT LOAD): Redis's
+ * message, which never contains the password, logged once per outage (a
+ * wrong password fails every attempt the same way); the replies already
+ * read behind it must not bring the link up before the drop.
+ */
+static void
+handshake_refused(struct store *st, const char *step, const char *error)
+{
+	if (!st->st_logged_handshake)
+		log_warnx("redis %s: %s failed: %s", st->st_address, step, error);
+	st->st_logged_handshake = 1;
+	st->st_logged_down = 1;
+	st->st_handshake_failed = 1;
+	store_drop(st, NULL);
+}
+
 /* AUTH and SELECT replies: an error ends the attempt. */
 static void
 on_handshake_reply(redisAsyncContext *ac, void *r, void *privdata)
@@ -211,16 +225,8 @@ on_handshake_reply(redisAsyncContext *ac, void *r, void *privdata)
 	(void)privdata;
 	if (reply == NULL || st == NULL || st->st_ac != ac)
 		return;
-	if (reply->type == REDIS_REPLY_ERROR) {
-		/* The message is Redis's own and never contains the password. */
-		if (!st->st_logged_handshake)
-			log_warnx("redis %s: %s failed: %s", st->st_address,
-			    (const char *)privdata, reply->str);
-		st->st_logged_handshake = 1;
-		st->st_logged_down = 1;
-		st->st_handshake_failed = 1;
-		store_drop(st, NULL);
-	}
+	if (reply->type == REDIS_REPLY_ERROR)
+		handshake_refused(st, privdata, reply->str);
 }
 
 static void
@@ -236,12 +242,8 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 	if (reply == NULL || st->st_handshake_failed)
 		return;
 	if (reply->type != REDIS_REPLY_STRING || reply->len != 40) {
-		if (!st->st_logged_handshake)
-			log_warnx("redis %s: SCRIPT LOAD failed: %s", st->st_address,
-			    reply->type == REDIS_REPLY_ERROR ? reply->str : "unexpected reply");
-		st->st_logged_handshake = 1;
-		st->st_logged_down = 1;
-		store_drop(st, NULL);
+		handshake_refused(st, "SCRIPT LOAD", reply->type == REDIS_REPLY_ERROR ?
+		    reply->str : "unexpected reply");
 		return;
 	}
 	memcpy(st->st_sha, reply->str, 40);
@@ -249,7 +251,6 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 	if (st->st_state != STORE_UP) {
 		event_del(st->st_handshake_ev);
 		st->st_progress_us = mono_us();
-		st->st_served = 0;
 		if (!st->st_stalled) {
 			st->st_backoff_us = STORE_BACKOFF_MIN_US;
 			if (st->st_logged_down || log_enabled(LOG_LEVEL_DEBUG))
@@ -278,12 +279,7 @@ on_info_cluster(redisAsyncContext *ac, void *r, void *privdata)
 	if (reply == NULL || st == NULL || st->st_ac != ac || st->st_handshake_failed)
 		return;
 	if (reply->type == REDIS_REPLY_ERROR && strncmp(reply->str, "NOPERM", 6) != 0) {
-		if (!st->st_logged_handshake)
-			log_warnx("redis %s: INFO failed: %s", st->st_address, reply->str);
-		st->st_logged_handshake = 1;
-		st->st_logged_down = 1;
-		st->st_handshake_failed = 1;
-		store_drop(st, NULL);
+		handshake_refused(st, "INFO", reply->str);
 		return;
 	}
 	st->st_cluster = reply->type == REDIS_REPLY_STRING &&
@@ -602,14 +598,11 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 		st->st_inflight -= b->sb_n;
 		st->st_progress_us = mono_us();
 	}
-	if (st->st_ac == ac && reply != NULL && !st->st_served) {
-		st->st_served = 1;
-		if (st->st_stalled) {
-			log_info("redis %s: answering again", st->st_address);
-			st->st_stalled = 0;
-			st->st_backoff_us = STORE_BACKOFF_MIN_US;
-			st->st_logged_down = 0;
-		}
+	if (st->st_ac == ac && reply != NULL && st->st_stalled) {
+		log_info("redis %s: answering again", st->st_address);
+		st->st_stalled = 0;
+		st->st_backoff_us = STORE_BACKOFF_MIN_US;
+		st->st_logged_down = 0;
 	}
 	if (reply == NULL)
 		batch_fail(b, STORE_DISCONNECTED, NULL);
