@@ -153,20 +153,31 @@ metrics_set_redis_state(struct metrics *m, int state)
 	atomic_store_explicit(&m->redis_state, state, memory_order_relaxed);
 }
 
-int
-metrics_redis_state_min(void)
+/* The least advanced link of all workers (STORE_DOWN when there are
+ * none); with metrics_lock held. */
+static int
+redis_state_min_locked(void)
 {
 	int least = -1;
 
-	pthread_mutex_lock(&metrics_lock);
 	for (struct metrics *m = metrics_all; m; m = m->next) {
 		int s = atomic_load_explicit(&m->redis_state, memory_order_relaxed);
 
 		if (least < 0 || s < least)
 			least = s;
 	}
+	return least < 0 ? STORE_DOWN : least;
+}
+
+int
+metrics_redis_state_min(void)
+{
+	int least;
+
+	pthread_mutex_lock(&metrics_lock);
+	least = redis_state_min_locked();
 	pthread_mutex_unlock(&metrics_lock);
-	return least < 0 ? 0 : least;
+	return least;
 }
 
 void
@@ -215,7 +226,7 @@ metrics_render(struct evbuffer *out)
 	unsigned long long buckets[NBUCKETS + 1] = { 0 };
 	unsigned long long batch[NBATCH + 1] = { 0 }, batch_sum = 0;
 	long long in_flight = 0;
-	int least = -1, nworkers = 0;
+	int least, nworkers = 0;
 	unsigned n = atomic_load(&metrics_nnames);
 	struct metrics *m;
 
@@ -244,13 +255,10 @@ metrics_render(struct evbuffer *out)
 		for (size_t b = 0; b <= NBATCH; b++)
 			batch[b] += load(&m->batch[b]);
 		batch_sum += load(&m->batch_sum);
-		int s = atomic_load_explicit(&m->redis_state, memory_order_relaxed);
-
-		if (least < 0 || s < least)
-			least = s;
 		in_flight += atomic_load_explicit(&m->in_flight, memory_order_relaxed);
 		nworkers++;
 	}
+	least = redis_state_min_locked();
 	pthread_mutex_unlock(&metrics_lock);
 
 	snprintf(sum, sizeof(sum), "%.9f", (double)sum_ns / 1e9);
