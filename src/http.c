@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include <event2/buffer.h>
 #include <jansson.h>
@@ -16,6 +15,7 @@
 #include "check.h"
 #include "config.h"
 #include "http.h"
+#include "policy.h"
 #include "metrics.h"
 #include "server.h"
 #include "store.h"
@@ -73,17 +73,12 @@ http_dispatch(struct http_request *req, void *arg)
 	size_t plen;
 	int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
 
-	/* RFC 9112 3.2.2: a server must accept the absolute form
-	 * (http://host/path), which a client talking to a proxy sends; the
-	 * authority names this server, so only the path counts. */
-	if (strncasecmp(uri, "http://", 7) == 0 ||
-	    strncasecmp(uri, "https://", 8) == 0) {
-		const char *authority = strstr(uri, "://") + 3;
-
-		uri = authority + strcspn(authority, "/?#");
-		if (*uri == '\0')
-			uri = "/";
-	}
+	/* A server must accept the absolute form (http://host/path), which a
+	 * client talking to a proxy sends; the authority names this server,
+	 * so only the path counts. */
+	uri = policy_origin_form(uri);
+	if (*uri == '\0')
+		uri = "/";
 	plen = strcspn(uri, "?#");
 
 #define PATH_IS(s) (plen == sizeof(s) - 1 && strncmp(uri, s, plen) == 0)

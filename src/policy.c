@@ -24,24 +24,31 @@ hexval(int c)
 	return -1;
 }
 
+const char *
+policy_origin_form(const char *uri)
+{
+	/* The authority ends at the first '/', '?' or '#': a '/' in the
+	 * query is not the path. */
+	if (strncasecmp(uri, "http://", 7) == 0)
+		uri += 7;
+	else if (strncasecmp(uri, "https://", 8) == 0)
+		uri += 8;
+	else
+		return uri;
+	return uri + strcspn(uri, "/?#");
+}
+
 void
 policy_normalize_uri(const char *uri, char *buf, size_t size, const char **query)
 {
 	size_t o = 0;
-	const char *p = uri;
+	const char *p = policy_origin_form(uri);
 
 	*query = NULL;
 	if (size < 2) {
 		if (size)
 			buf[0] = '\0';
 		return;
-	}
-	/* An absolute-form URI (http://host/path?q) keeps only its path and
-	 * query; the authority ends at the first '/', '?' or '#' (a '/' in
-	 * the query is not the path). */
-	if (strncasecmp(p, "http://", 7) == 0 || strncasecmp(p, "https://", 8) == 0) {
-		p += 7 + (p[4] == 's' || p[4] == 'S');
-		p += strcspn(p, "/?#");
 	}
 	buf[o++] = '/';
 	for (; *p && *p != '?' && *p != '#' && o < size - 1; p++) {

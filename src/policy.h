@@ -24,11 +24,14 @@ struct check_input {
 	void		*header_ctx;
 };
 
-/* Splits a raw URI into a normalized path (percent-decoded except %2F,
+/* Splits a raw URI into a normalized path (percent-decoded except %00,
  * merged slashes, dot segments resolved, like nginx before location
  * matching) written to buf, and a pointer to the raw query inside uri. */
 void policy_normalize_uri(const char *uri, char *buf, size_t size,
     const char **query);
+/* The path and query of an absolute-form URI (http://host/path?q; RFC 9112
+ * 3.2.2), maybe empty; any other URI as it is. */
+const char *policy_origin_form(const char *uri);
 
 const struct route *policy_match(const struct config *config,
     const struct check_input *in);
