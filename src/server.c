@@ -118,6 +118,7 @@ struct server {
 };
 
 static void conn_process(struct conn *);
+static void headers_release(struct http_request *);
 
 /*
  * The idle timer is not re-armed per request (an event_add, its lock and a
@@ -162,8 +163,7 @@ conn_free(struct conn *c)
 	event_free(c->c_write_ev);
 	event_free(c->c_idle_ev);
 	close(c->c_fd);
-	if (c->c_req.rq_headers != c->c_req.rq_headers_inline)
-		free(c->c_req.rq_headers);
+	headers_release(&c->c_req);
 	free(c->c_in);
 	free(c->c_out);
 	free(c);
@@ -337,7 +337,6 @@ next_line(char **p, char *end)
 	return line;
 }
 
-/* Parses the head in place; 0, or an HTTP error status with *why. */
 /* Doubles the header table, moving it to the heap the first time. */
 static void
 headers_grow(struct http_request *rq)
@@ -356,6 +355,19 @@ headers_grow(struct http_request *rq)
 	rq->rq_headers_cap = cap;
 }
 
+/* Back to the inline table: a grown one goes with its request (kept, 4,000
+ * fields held 98 kB per idle connection). */
+static void
+headers_release(struct http_request *rq)
+{
+	if (rq->rq_headers != rq->rq_headers_inline) {
+		free(rq->rq_headers);
+		rq->rq_headers = rq->rq_headers_inline;
+		rq->rq_headers_cap = SERVER_HEADERS_INLINE;
+	}
+}
+
+/* Parses the head in place; 0, or an HTTP error status with *why. */
 static int
 parse_head(struct http_request *rq, char *buf, size_t head_len, const char **why)
 {
@@ -949,13 +961,7 @@ request_reply(struct http_request *req, int status, const char *content_type,
 	c->c_in_len -= c->c_req_len;
 	c->c_req_len = 0;
 	c->c_head_parsed = 0;
-	/* A grown header table goes with its request: kept, 4,000 fields
-	 * held 98 kB per idle connection. */
-	if (req->rq_headers != req->rq_headers_inline) {
-		free(req->rq_headers);
-		req->rq_headers = req->rq_headers_inline;
-		req->rq_headers_cap = SERVER_HEADERS_INLINE;
-	}
+	headers_release(req);
 	if (c->c_read_paused && !c->c_dead && !c->c_eof) {
 		c->c_read_paused = 0;
 		event_add(c->c_read_ev, NULL);
