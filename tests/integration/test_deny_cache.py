@@ -51,7 +51,11 @@ class SlowReplies:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(("127.0.0.1", self.redis_port))
+            try:
+                server = socket.create_connection(("127.0.0.1", self.redis_port))
+            except OSError:
+                client.close()          # Redis is gone: so is the link
+                continue
             self.socks += [client, server]
             held = queue.Queue()
             threading.Thread(target=self.pump, args=(client, server, None), daemon=True).start()
@@ -89,6 +93,12 @@ class SlowReplies:
 
     def close(self):
         self.closed = True
+        # close() alone leaves the port listening while accept() blocks on
+        # it (the call holds the socket): a later connection would land here
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.listener.close()
         for s in self.socks:
             try:

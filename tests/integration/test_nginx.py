@@ -188,6 +188,10 @@ class Nginx:
 
         def listening():
             assert self.proc.poll() is None
+            # nginx writes its pid file only once every listen socket is
+            # bound: a connection before that could reach another owner of
+            # the port while nginx is still retrying bind()
+            assert os.path.exists(os.path.join(self.dir, "nginx.pid"))
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
                 return True
         assert wait_until(listening, timeout=10), "nginx did not start:\n" + self.log()
@@ -230,7 +234,12 @@ def gateway(tmp_path, start_daemon, upstream):
 
 def get(gw, path, method="GET", **kw):
     kw.setdefault("timeout", 5)
-    return requests.request(method, gw.url(path), **kw)
+    try:
+        return requests.request(method, gw.url(path), **kw)
+    except requests.RequestException as e:
+        # what nginx and the daemon said is what tells a stall's cause
+        raise AssertionError("%s %s: %r\nnginx:\n%s\ndaemon:\n%s" % (
+            method, path, e, gw.log(), gw.daemon.log())) from e
 
 
 def test_allowed_then_429_with_headers_copied(gateway, upstream, redis_server):
