@@ -149,9 +149,9 @@ check_pool_free(struct worker *w)
 }
 
 static const char *
-header_lookup(void *ctx, const char *name)
+header_lookup(void *ctx, const char *name, unsigned nth)
 {
-	return request_header(ctx, name);
+	return request_header_nth(ctx, name, nth);
 }
 
 static void
@@ -527,12 +527,18 @@ check_run(struct check *ck, const char *key, size_t keylen, int kind)
 	check_send(ck);
 }
 
+/* The first of two headers with a value, else `otherwise`: an empty one
+ * ("X-Original-URI:") counts as absent, as for key sources, rather than
+ * resolving to no path, method or host and so to no route. */
 static const char *
-first_header(struct http_request *req, const char *a, const char *b)
+first_present(const char *(*lookup)(void *, const char *, unsigned), void *ctx,
+    const char *a, const char *b, const char *otherwise)
 {
-	const char *v = request_header(req, a);
+	const char *v = lookup(ctx, a, 0);
 
-	return v ? v : request_header(req, b);
+	if (v == NULL || *v == '\0')
+		v = lookup(ctx, b, 0);
+	return v && *v ? v : otherwise;
 }
 
 /* The client IP of the check request itself (peer, XFF, X-Real-IP). */
@@ -557,13 +563,13 @@ check_forward(struct worker *w, struct http_request *req, const char *rest)
 	size_t keylen = 0;
 	int rc = -1;
 
-	uri = first_header(req, "X-Original-URI", "X-Forwarded-Uri");
-	policy_normalize_uri(uri ? uri : rest, path, sizeof(path), &in.query);
+	uri = first_present(header_lookup, req, "X-Original-URI", "X-Forwarded-Uri",
+	    rest);
+	policy_normalize_uri(uri, path, sizeof(path), &in.query);
 	in.path = path;
-	in.method = first_header(req, "X-Original-Method", "X-Forwarded-Method");
-	if (in.method == NULL)
-		in.method = request_method(req);
-	in.host = first_header(req, "X-Forwarded-Host", "Host");
+	in.method = first_present(header_lookup, req, "X-Original-Method",
+	    "X-Forwarded-Method", request_method(req));
+	in.host = first_present(header_lookup, req, "X-Forwarded-Host", "Host", NULL);
 	in.ip = NULL;
 	in.header = header_lookup;
 	in.header_ctx = req;
@@ -582,14 +588,15 @@ check_forward(struct worker *w, struct http_request *req, const char *rest)
 	check_run(ck, key, keylen, rc);
 }
 
-/* Case-insensitive header lookup in a JSON object of strings. */
+/* Case-insensitive header lookup in a JSON object of strings, which has no
+ * repeated names (duplicate keys are refused). */
 static const char *
-json_header_lookup(void *ctx, const char *name)
+json_header_lookup(void *ctx, const char *name, unsigned nth)
 {
 	const char *k;
 	json_t *v;
 
-	if (ctx == NULL)
+	if (ctx == NULL || nth > 0)
 		return NULL;
 	json_object_foreach((json_t *)ctx, k, v)
 		if (strcasecmp(k, name) == 0)
@@ -729,8 +736,8 @@ check_json(struct worker *w, struct http_request *req)
 			goto out;
 		}
 		if (key == NULL || key[0] == '\0') {
-			http_reply_json_error(req, 400, "field \"key\" is required with "
-			    "\"route\"");
+			http_reply_json_error(req, 400, key ? "field \"key\" must not "
+			    "be empty" : "field \"key\" is required with \"route\"");
 			goto out;
 		}
 		keylen = strlen(key);
@@ -744,10 +751,20 @@ check_json(struct worker *w, struct http_request *req)
 			}
 		} else
 			request_client_ip(c, req, ip, sizeof(ip));
-		policy_normalize_uri(uri ? uri : "/", path, sizeof(path), &in.query);
+		if (uri == NULL || *uri == '\0')
+			uri = first_present(json_header_lookup, headers,
+			    "X-Original-URI", "X-Forwarded-Uri", "/");
+		policy_normalize_uri(uri, path, sizeof(path), &in.query);
 		in.path = path;
-		in.method = method ? method : "GET";
-		in.host = host;
+		/* As /check resolves them, from the described request's own
+		 * headers when not given; a described request with no method
+		 * is a GET, as curl sends one. */
+		in.method = method && *method ? method :
+		    first_present(json_header_lookup, headers, "X-Original-Method",
+		    "X-Forwarded-Method", "GET");
+		in.host = host && *host ? host :
+		    first_present(json_header_lookup, headers, "X-Forwarded-Host",
+		    "Host", NULL);
 		in.ip = ip;
 		in.header = json_header_lookup;
 		in.header_ctx = headers;

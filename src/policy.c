@@ -162,8 +162,41 @@ policy_match(const struct config *config, const struct check_input *in)
 	return NULL;
 }
 
-/* Finds NAME=VALUE in a '&'-separated query and percent-decodes VALUE
- * ('+' is a space) into buf. Returns the length, or -1 when absent or empty. */
+/* The byte of src[0..len) that starts at *i, percent-decoded ('+' is a
+ * space); advances *i past it. */
+static char
+form_byte(const char *src, size_t len, size_t *i)
+{
+	char c = src[*i];
+
+	if (c == '+')
+		c = ' ';
+	else if (c == '%' && *i + 2 < len && hexval(src[*i + 1]) >= 0 &&
+	    hexval(src[*i + 2]) >= 0) {
+		c = (char)(hexval(src[*i + 1]) * 16 + hexval(src[*i + 2]));
+		*i += 2;
+	}
+	(*i)++;
+	return c;
+}
+
+/* Does src[0..len), percent-decoded, spell name[0..nl)? */
+static int
+form_equals(const char *src, size_t len, const char *name, size_t nl)
+{
+	size_t i = 0, o = 0;
+
+	while (i < len && o < nl)
+		if (form_byte(src, len, &i) != name[o++])
+			return 0;
+	return i == len && o == nl;
+}
+
+/* Finds NAME=VALUE in a '&'-separated query and percent-decodes VALUE into
+ * buf. Names are compared decoded, as the application will read them
+ * ("us%65r" is "user"), and an empty value counts as absent, as it does for
+ * every key source, so a later non-empty one is found. Returns the length,
+ * or -1 when absent or empty. */
 static long
 query_lookup(const char *query, const char *name, char *buf, size_t size)
 {
@@ -172,22 +205,16 @@ query_lookup(const char *query, const char *name, char *buf, size_t size)
 
 	while (p && *p && *p != '#') {
 		const char *end = p + strcspn(p, "&#");
+		const char *eq = memchr(p, '=', (size_t)(end - p));
 
-		if ((size_t)(end - p) > nl && strncmp(p, name, nl) == 0 && p[nl] == '=') {
-			size_t o = 0;
+		if (eq != NULL && form_equals(p, (size_t)(eq - p), name, nl)) {
+			size_t vl = (size_t)(end - eq - 1), i = 0, o = 0;
 
-			for (const char *v = p + nl + 1; v < end && o < size - 1; v++) {
-				if (*v == '+')
-					buf[o++] = ' ';
-				else if (*v == '%' && v + 2 < end + 0 + 1 &&
-				    hexval(v[1]) >= 0 && hexval(v[2]) >= 0) {
-					buf[o++] = (char)(hexval(v[1]) * 16 + hexval(v[2]));
-					v += 2;
-				} else
-					buf[o++] = *v;
-			}
+			while (i < vl && o < size - 1)
+				buf[o++] = form_byte(eq + 1, vl, &i);
 			buf[o] = '\0';
-			return o ? (long)o : -1;
+			if (o > 0)
+				return (long)o;
 		}
 		p = *end == '&' ? end + 1 : NULL;
 	}
@@ -217,11 +244,11 @@ cookie_lookup(const char *header, const char *name, const char **val, size_t *le
 				v++;
 				l -= 2;
 			}
-			if (l == 0)
-				return -1;
-			*val = v;
-			*len = l;
-			return 0;
+			if (l > 0) {		/* empty counts as absent */
+				*val = v;
+				*len = l;
+				return 0;
+			}
 		}
 		p = *end ? end + 1 : NULL;
 	}
@@ -259,7 +286,10 @@ policy_prepare(struct config *config)
 			    r->keys[k].type == KEY_COOKIE;
 		}
 		r->mixes_ip = ip && value;
-		for (size_t j = 0; r->mixes_ip && j < r->noverrides; j++) {
+		/* An address as an override key is compared in canonical
+		 * form, as the client IP is written: "2001:DB8::1" is
+		 * 2001:db8::1's exemption. */
+		for (size_t j = 0; ip && j < r->noverrides; j++) {
 			struct override *o = &r->overrides[j];
 
 			o->canon_ip = xcalloc(o->nkeys, sizeof(*o->canon_ip));
@@ -293,7 +323,7 @@ policy_client_key(const struct route *route, const struct check_input *in,
 			*keylen = 1;
 			return POLICY_KEY_GLOBAL;
 		case KEY_HEADER:
-			v = in->header(in->header_ctx, ks->name);
+			v = in->header(in->header_ctx, ks->name, 0);
 			if (v) {
 				size_t l;
 
@@ -318,9 +348,13 @@ policy_client_key(const struct route *route, const struct check_input *in,
 			}
 			break;
 		case KEY_COOKIE:
-			v = in->header(in->header_ctx, "Cookie");
-			if (v && cookie_lookup(v, ks->name, key, keylen) == 0)
-				return POLICY_KEY_VALUE;
+			/* A client speaking HTTP/2 may send its cookies as
+			 * several fields, which a gateway can pass on as
+			 * several Cookie lines (RFC 9113 8.2.3). */
+			for (unsigned nth = 0; (v = in->header(in->header_ctx,
+			    "Cookie", nth)) != NULL; nth++)
+				if (cookie_lookup(v, ks->name, key, keylen) == 0)
+					return POLICY_KEY_VALUE;
 			break;
 		}
 	}
@@ -332,7 +366,8 @@ policy_client_key(const struct route *route, const struct check_input *in,
  * that is an address is for the client with that address (compared in
  * canonical form), any other for a client sending that value: else anyone
  * could send "X-Api-Key: 10.9.9.9" and take the exemption of host
- * 10.9.9.9. Elsewhere an override key is matched as written.
+ * 10.9.9.9. On a route keyed by IP alone, an address is compared in
+ * canonical form too; elsewhere an override key is matched as written.
  */
 static int
 override_key_matches(const struct route *route, const struct override *o,
@@ -345,7 +380,8 @@ override_key_matches(const struct route *route, const struct override *o,
 			return 0;
 		if (o->canon_ip[j])
 			okey = o->canon_ip[j];
-	}
+	} else if (from_ip && o->canon_ip && o->canon_ip[j])
+		okey = o->canon_ip[j];
 	return strlen(okey) == keylen && memcmp(okey, key, keylen) == 0;
 }
 
@@ -475,8 +511,19 @@ policy_client_ip(const struct config *config, const char *peer,
 		while (end > forwarded_for) {
 			const char *start = end;
 
+			const char *p;
+
 			while (start > forwarded_for && start[-1] != ',')
 				start--;
+			p = start;
+			while (p < end && (*p == ' ' || *p == '\t'))
+				p++;
+			if (p == end) {
+				/* An empty list element ("a,,b", "a, "): RFC 9110
+				 * 5.6.1 has recipients ignore it, not the list. */
+				end = start > forwarded_for ? start - 1 : start;
+				continue;
+			}
 			if (parse_ip(start, (size_t)(end - start), &family, addr) == -1)
 				break;	/* garbage: stop at the last good hop */
 			best_family = family;

@@ -19,8 +19,9 @@ struct check_input {
 	const char	*host;		/* NULL when unknown */
 	const char	*ip;		/* the client IP, canonical text; NULL
 					 * when the route does not key by it */
-	/* Looks up a request header by name (case-insensitive); NULL if absent. */
-	const char	*(*header)(void *ctx, const char *name);
+	/* The nth (from 0) line of a request header, by name
+	 * (case-insensitive); NULL past the last. */
+	const char	*(*header)(void *ctx, const char *name, unsigned nth);
 	void		*header_ctx;
 };
 

@@ -540,6 +540,13 @@ conn_parse_head(struct conn *c)
 		conn_error(c, 411, "send a Content-Length body, not Transfer-Encoding");
 		return -1;
 	}
+	for (int i = 0, hosts = 0; i < rq->rq_nheaders; i++)
+		if (header_is(&rq->rq_headers[i], "Host", 4) && ++hosts > 1) {
+			/* Which one names the route? RFC 9112 3.2 and nginx:
+			 * neither, refuse. */
+			conn_error(c, 400, "more than one Host header");
+			return -1;
+		}
 	cl = request_header(rq, "Content-Length");
 	for (int i = 0; cl != NULL && i < rq->rq_nheaders; i++)
 		if (header_is(&rq->rq_headers[i], "Content-Length", 14) &&
@@ -833,6 +840,18 @@ request_header(const struct http_request *req, const char *name)
 
 	for (int i = 0; i < req->rq_nheaders; i++)
 		if (header_is(&req->rq_headers[i], name, namelen))
+			return req->rq_headers[i].value;
+	return NULL;
+}
+
+const char *
+request_header_nth(const struct http_request *req, const char *name,
+    unsigned nth)
+{
+	size_t namelen = strlen(name);
+
+	for (int i = 0; i < req->rq_nheaders; i++)
+		if (header_is(&req->rq_headers[i], name, namelen) && nth-- == 0)
 			return req->rq_headers[i].value;
 	return NULL;
 }

@@ -35,6 +35,9 @@ long long request_arrival_us(const struct http_request *req);
 const char *request_uri(const struct http_request *req);
 /* A header's value (case-insensitive name; the first if repeated) or NULL. */
 const char *request_header(const struct http_request *req, const char *name);
+/* The nth (from 0) line of a header sent on several lines, or NULL. */
+const char *request_header_nth(const struct http_request *req,
+    const char *name, unsigned nth);
 /* A header sent on several lines, joined with ", " as one list (RFC 9110
  * 5.3) into buf; the value itself when sent once; NULL when absent. */
 const char *request_header_list(const struct http_request *req,

@@ -134,6 +134,30 @@ def test_header_precedence(start_daemon):
     assert limit_of(r) == 1000
 
 
+def test_empty_forwarding_header_counts_as_absent(start_daemon):
+    """A header sent empty is no source: the next one in the table is read,
+    as for key sources, instead of resolving no path, method or host."""
+    d = start_daemon(CONV)
+    r = check(d, "/check/zzz", "GET", {"X-Original-URI": "", "X-Forwarded-Uri": "/n/a",
+                                       "X-Original-Method": "", "X-Forwarded-Method": "POST"})
+    assert limit_of(r) == 3
+    from helpers import raw_http, status_of
+    out = raw_http(d.port, b"POST /check/n/a HTTP/1.1\r\nHost: x\r\nX-Original-URI:\r\n"
+                   b"X-Original-Method:   \r\nConnection: close\r\n\r\n")
+    assert status_of(out) == 200 and b"X-RateLimit-Limit: 3\r\n" in out, out
+    r = check(d, "/check/h/a", "DELETE", {"Host": "api.example.com", "X-Forwarded-Host": ""})
+    assert limit_of(r) == 4
+
+
+def test_two_host_headers_are_400(start_daemon):
+    """Which one would name the route? Neither: RFC 9112 3.2, as nginx."""
+    from helpers import raw_http, status_of
+    d = start_daemon(CONV)
+    out = raw_http(d.port, b"DELETE /check/h/a HTTP/1.1\r\nHost: other.example.com\r\n"
+                   b"Host: api.example.com\r\nConnection: close\r\n\r\n")
+    assert status_of(out) == 400 and b"more than one Host header" in out, out
+
+
 METHOD_POLICY = policy("".join(
     route("m%s" % m.lower(), "{prefix: /m/, methods: [%s]}" % m, [fw(11 + i)])
     for i, m in enumerate(METHODS)))

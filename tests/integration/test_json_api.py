@@ -108,6 +108,27 @@ def test_describe_form_host_must_match(start_daemon):
     assert r.json() == {"allowed": True, "route": None}
 
 
+def test_describe_form_reads_its_headers_as_check_does(start_daemon):
+    """Host, method and path left out of the body are read from its
+    "headers" as /check reads them from its own; with neither, the method
+    is GET and the path /."""
+    d = start_daemon(JSON_POLICY + "  - name: posts\n    match: {{path: /, methods: [POST]}}\n"
+                     "    key: ip\n    limits: [{{name: q, algorithm: fixed_window, "
+                     "limit: 9, window: 1h}}]\n")
+    for headers in ({"Host": "api.example.com", "X-Api-Key": "k1"},
+                    {"host": "other", "x-forwarded-host": "api.example.com", "X-Api-Key": "k1"}):
+        v = vcheck(d, {"path": "/api/x", "headers": headers}).json()
+        assert v["route"] == "api" and v["key"] == "k1", (headers, v)
+    # the body's own field wins
+    v = vcheck(d, {"path": "/api/x", "host": "other.example.com",
+                   "headers": {"Host": "api.example.com"}}).json()
+    assert v == {"allowed": True, "route": None}
+    v = vcheck(d, {"headers": {"X-Original-URI": "/", "X-Original-Method": "POST"}}).json()
+    assert v["route"] == "posts"
+    assert vcheck(d, {"ip": "192.0.2.1"}).json() == {"allowed": True, "route": None}
+    assert vcheck(d, {"method": "POST", "ip": "192.0.2.1"}).json()["route"] == "posts"
+
+
 def test_no_route_reply(start_daemon, redis_server):
     d = start_daemon(JSON_POLICY)
     r = vcheck(d, {"method": "GET", "path": "/nothing/here", "ip": "192.0.2.1"})
@@ -266,3 +287,4 @@ def test_bad_ip_and_missing_key_are_400(start_daemon):
     d = start_daemon(JSON_POLICY)
     assert "ip" in err(vcheck(d, {"method": "GET", "path": "/ip/x", "ip": "not-an-ip"}))
     assert "key" in err(vcheck(d, {"route": "single"}))
+    assert err(vcheck(d, {"route": "single", "key": ""})) == 'field "key" must not be empty'

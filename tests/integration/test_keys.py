@@ -44,6 +44,9 @@ def remaining(r):
     ({"X-Forwarded-For": "198.51.100.7", "X-Real-IP": "192.0.2.44"}, "198.51.100.7"),
     ({"X-Real-IP": "192.0.2.44"}, "192.0.2.44"),
     ({"X-Forwarded-For": "2001:db8::1"}, "2001:db8::1"),
+    # empty list elements are ignored (RFC 9110 5.6.1), not the list
+    ({"X-Forwarded-For": "203.0.113.5,,"}, "203.0.113.5"),
+    ({"X-Forwarded-For": "198.51.100.1, , 203.0.113.5, 10.1.2.3"}, "203.0.113.5"),
 ])
 def test_ip_from_trusted_peer(start_daemon, redis_server, headers, client):
     d = start_daemon(KEYS)
@@ -178,6 +181,23 @@ def test_a_value_spelling_an_address_is_not_that_address(start_daemon, redis_ser
         rkey_ip("mix", "203.0.113.7", "q", "fixed_window"),
         rkey("mix", "203.0.113.7", "q", "fixed_window"),
         rkey("mix", "10.9.9.9", "q", "fixed_window")}
+
+
+def test_address_override_on_an_ip_route_is_canonical(start_daemon):
+    """An override written "2001:DB8::1" or in full is the exemption of
+    the client the daemon writes 2001:db8::1, on a route keyed by ip alone
+    as on a mixed one (an audit found it ignored there)."""
+    ovr = '    overrides: [{keys: ["2001:DB8::1", "2001:db8:0:0:0:0:0:2", "::FFFF:10.1.2.3"], ' \
+          'unlimited: true}]\n'
+    d = start_daemon(policy(route("o", "/o/", "ip", limit=1, extra=ovr),
+                            top="trusted_proxies: [127.0.0.1/32]\n"))
+    for ip in ("2001:db8::1", "2001:db8::2", "10.1.2.3", "2001:DB8:0::1"):
+        codes = [check(d, "/check/o/x", "GET", {"X-Forwarded-For": ip}) for _ in range(3)]
+        assert [r.status_code for r in codes] == [200] * 3, ip
+        assert not any(has_rl_headers(r) for r in codes), ip
+    codes = [check(d, "/check/o/x", "GET", {"X-Forwarded-For": "2001:db8::3"}).status_code
+             for _ in range(2)]
+    assert codes == [200, 429]
 
 
 def test_missing_key_deny_is_403(start_daemon, redis_server):
@@ -362,3 +382,26 @@ def test_query_key_on_bare_check_path(start_daemon, redis_server):
     r = check(d, "/check/?k=v1", "GET")
     assert remaining(r) == 0
     assert all_keys(redis_server.client()) == {rkey("root", "v1", "q", "fixed_window")}
+
+
+def test_query_names_decoded_and_empty_values_skipped(start_daemon, redis_server):
+    """The application reads `us%65r=` as `user=`, and an empty value is
+    absent for a query key as for every key source: a later one counts."""
+    d = start_daemon(KEYS)
+    for uri, key in (("/qry/a?%6B=v1", "v1"), ("/qry/a?k=&k=v2", "v2"),
+                     ("/qry/a?k+=no&k=v3", "v3")):
+        r = check(d, "/check", "GET", {"X-Original-URI": uri})
+        assert r.status_code == 200 and remaining(r) == 1, (uri, r.text)
+        assert rkey("qry", key, "q", "fixed_window") in all_keys(redis_server.client())
+
+
+def test_cookie_key_over_several_cookie_lines(start_daemon, redis_server):
+    """An HTTP/2 client's cookies can reach us as several Cookie lines (a
+    gateway passing its cookie fields on as they came)."""
+    from helpers import raw_http, status_of
+    d = start_daemon(KEYS)
+    out = raw_http(d.port, b"GET /check/ck/x HTTP/1.1\r\nHost: x\r\n"
+                   b"Cookie: a=1\r\nCookie: sid=\r\nCookie: sid=s7\r\n"
+                   b"Connection: close\r\n\r\n")
+    assert status_of(out) == 200
+    assert all_keys(redis_server.client()) == {rkey("ck", "s7", "q", "fixed_window")}

@@ -337,12 +337,12 @@ struct fake_headers {
 };
 
 static const char *
-fake_lookup(void *ctx, const char *name)
+fake_lookup(void *ctx, const char *name, unsigned nth)
 {
 	struct fake_headers *h = ctx;
 
 	for (int i = 0; i < 4 && h->names[i]; i++)
-		if (strcasecmp(h->names[i], name) == 0)
+		if (strcasecmp(h->names[i], name) == 0 && nth-- == 0)
 			return h->values[i];
 	return NULL;
 }
@@ -373,9 +373,23 @@ test_routes_and_keys(void)
 	h.names[0] = "X-Other";
 	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == 0);
 	CHECK(keylen == 3 && memcmp(key, "q v", 3) == 0);
+	/* names compare decoded; an empty value is absent, a later one counts */
+	in.query = "key=&k%65y=z+1&key=late";
+	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == 0);
+	CHECK(keylen == 3 && memcmp(key, "z 1", 3) == 0);
+	in.query = "keyx=1&ke=2&key%=3&key=%4";
+	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == 0);
+	CHECK(keylen == 2 && memcmp(key, "%4", 2) == 0);
 	in.query = NULL;
 	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == 0);
 	CHECK(keylen == 2 && memcmp(key, "s9", 2) == 0);
+	/* cookies sent on several lines; an empty one is absent */
+	h.values[1] = "a=b; sid=";
+	h.names[2] = "cookie";
+	h.values[2] = "sid=s10";
+	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == 0);
+	CHECK(keylen == 3 && memcmp(key, "s10", 3) == 0);
+	h.names[2] = NULL;
 	h.names[1] = NULL;
 	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == POLICY_KEY_IP);
 	CHECK_STR(key, "203.0.113.7");
@@ -440,6 +454,14 @@ test_client_ip(void)
 	CHECK_STR(ip, "192.0.2.1");
 	policy_client_ip(c, "127.0.0.1", "garbage, 203.0.113.8", NULL, ip, sizeof(ip));
 	CHECK_STR(ip, "203.0.113.8");
+	/* empty list elements are skipped, not taken for garbage */
+	policy_client_ip(c, "127.0.0.1", "203.0.113.7,,", NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "203.0.113.7");
+	policy_client_ip(c, "127.0.0.1", "198.51.100.1, ,203.0.113.6, 10.0.0.1", NULL,
+	    ip, sizeof(ip));
+	CHECK_STR(ip, "203.0.113.6");
+	policy_client_ip(c, "127.0.0.1", " , ", NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "127.0.0.1");
 	policy_client_ip(c, "127.0.0.1", "2001:DB8::1", NULL, ip, sizeof(ip));
 	CHECK_STR(ip, "2001:db8::1");
 	policy_client_ip(c, "::ffff:127.0.0.1", "203.0.113.5", NULL, ip, sizeof(ip));
