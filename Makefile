@@ -121,7 +121,8 @@ bench: deps-test
 FUZZ_SECONDS ?= 60
 FUZZ_CFLAGS = $(CFLAGS) -fsanitize=fuzzer,address,undefined \
 	      -fno-sanitize-recover=all -fno-omit-frame-pointer -Isrc
-POLICY_FUZZ_SRCS = tests/fuzz/fuzz_policy.c src/config.c src/log.c src/xmalloc.c
+POLICY_FUZZ_SRCS = tests/fuzz/fuzz_policy.c src/config.c src/policy.c src/log.c \
+		   src/xmalloc.c
 HTTP_FUZZ_SRCS = tests/fuzz/fuzz_http.c src/server.c src/log.c src/xmalloc.c
 
 build/fuzz_policy: $(POLICY_FUZZ_SRCS) $(wildcard src/*.h) | build

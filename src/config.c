@@ -25,6 +25,7 @@
 
 #include "config.h"
 #include "log.h"
+#include "policy.h"
 #include "xmalloc.h"
 
 #define US_PER_MS	1000LL
@@ -32,6 +33,7 @@
 #define DURATION_MAX_US	(366LL * 24 * 3600 * US_PER_S)	/* one year */
 #define QUOTA_MAX	1000000000000LL
 #define NAME_MAX_LEN	64
+#define REGEX_MAX_LEN	4096
 #define SLIDING_BUCKETS_MAX 1000	/* window/precision: bounds Redis memory */
 /* sliding_window_log stores one sorted-set member per unit of cost, and a
  * request may cost up to its route's largest quota: at limit 1e12 one
@@ -67,6 +69,7 @@ struct loader {
 	struct error_pos	*pos;	/* one per errors->lines[] */
 	char			 echo[ECHO_SLOTS][ECHO_SIZE]; /* see echo() */
 	unsigned		 necho;
+	int			 flow_colons;	/* see FLOW_COLON */
 };
 
 static unsigned long config_generation;
@@ -202,6 +205,8 @@ node_append(struct node *parent, struct node *child)
 	parent->items[parent->nitems++] = child;
 }
 
+static void restore_flow_colons(char *);
+
 /* Reads the next node from the parser; NULL on a syntax error (reported). */
 static struct node *
 yaml_read_node(struct loader *ld, yaml_parser_t *parser, yaml_event_t *first,
@@ -229,9 +234,19 @@ yaml_read_node(struct loader *ld, yaml_parser_t *parser, yaml_event_t *first,
 			    "anchors and tags are not allowed in a policy file");
 			return NULL;
 		}
+		if (memchr(first->data.scalar.value, '\0',
+		    first->data.scalar.length) != NULL) {
+			/* "\0" or "\u0000" in a double-quoted string: C
+			 * strings would end there, and the rest be ignored */
+			errorf(ld, (int)m->line + 1, (int)m->column + 1,
+			    "a NUL character (\\0) is not allowed in a value");
+			return NULL;
+		}
 		nd = node_new(NODE_SCALAR, m);
 		nd->value = xstrndup((const char *)first->data.scalar.value,
 		    first->data.scalar.length);
+		if (ld->flow_colons)
+			restore_flow_colons(nd->value);
 		nd->plain = first->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
 		return nd;
 	case YAML_SEQUENCE_START_EVENT:
@@ -278,35 +293,125 @@ yaml_read_node(struct loader *ld, yaml_parser_t *parser, yaml_event_t *first,
 	}
 }
 
-/* Reads line `line` (0-based, as libyaml counts: \n, \r\n or \r ends one)
- * of fp into buf, without its break; -1 if it is missing or too long. */
-static int
-source_line(FILE *fp, size_t line, char *buf, size_t size)
-{
-	size_t n = 0, cur = 0;
-	int ch;
+/*
+ * YAML 1.1 cannot start a plain scalar with ':' inside a flow collection,
+ * so libyaml refuses the contract's own `trusted_proxies: [127.0.0.1/32,
+ * ::1/128]`. Where it fails on such a word (and only there), the loader
+ * puts U+E000, a private-use character that is one column wide like ':'
+ * and no YAML indicator, in place of that ':' and parses again; scalars
+ * get their ':' back. Positions stay those of the file.
+ */
+#define FLOW_COLON		"\xee\x80\x80"
+#define FLOW_COLON_LEN		3
+#define FLOW_COLON_RETRIES	64
 
-	rewind(fp);
-	while (cur < line && (ch = getc(fp)) != EOF) {
+static void
+restore_flow_colons(char *value)
+{
+	char *r = value, *w = value;
+
+	if (strstr(value, FLOW_COLON) == NULL)
+		return;
+	while (*r) {
+		if (strncmp(r, FLOW_COLON, FLOW_COLON_LEN) == 0) {
+			*w++ = ':';
+			r += FLOW_COLON_LEN;
+		} else
+			*w++ = *r++;
+	}
+	*w = '\0';
+}
+
+/* The whole policy file, as libyaml reads it. */
+struct source {
+	char	*buf;
+	size_t	 len;
+};
+
+/* Byte offset of the start of line `line` (0-based, as libyaml counts:
+ * \n, \r\n or \r ends one), or -1 past the end. */
+static long
+line_start(const struct source *src, size_t line)
+{
+	size_t i = 0, cur = 0;
+
+	while (cur < line && i < src->len) {
+		char ch = src->buf[i++];
+
 		if (ch == '\r') {
-			if ((ch = getc(fp)) != '\n' && ch != EOF)
-				ungetc(ch, fp);
+			if (i < src->len && src->buf[i] == '\n')
+				i++;
 			cur++;
 		} else if (ch == '\n')
 			cur++;
 	}
 	if (cur < line)
 		return -1;
-	while ((ch = getc(fp)) != EOF && ch != '\n' && ch != '\r') {
+	/* libyaml drops a byte order mark before it counts columns */
+	if (i == 0 && src->len >= 3 && memcmp(src->buf, "\xef\xbb\xbf", 3) == 0)
+		i = 3;
+	return (long)i;
+}
+
+/* Byte offset of character column `col` of line `line`, or -1. */
+static long
+mark_offset(const struct source *src, size_t line, size_t col)
+{
+	long i = line_start(src, line);
+
+	if (i < 0)
+		return -1;
+	for (; col > 0; col--) {
+		if ((size_t)i >= src->len)
+			return -1;
+		do
+			i++;
+		while ((size_t)i < src->len && ((unsigned char)src->buf[i] & 0xc0) == 0x80);
+	}
+	return i;
+}
+
+/* Line `line` of the file into buf, without its break and with any flow
+ * colon as written; -1 if it is missing or too long. */
+static int
+source_line(const struct source *src, size_t line, char *buf, size_t size)
+{
+	long i = line_start(src, line);
+	size_t n = 0;
+
+	if (i < 0)
+		return -1;
+	for (; (size_t)i < src->len && src->buf[i] != '\n' && src->buf[i] != '\r'; i++) {
 		if (n + 1 >= size)
 			return -1;
-		buf[n++] = (char)ch;
+		buf[n++] = src->buf[i];
 	}
 	buf[n] = '\0';
-	/* libyaml drops a byte order mark before it counts columns */
-	if (line == 0 && strncmp(buf, "\xef\xbb\xbf", 3) == 0)
-		memmove(buf, buf + 3, n - 2);
+	restore_flow_colons(buf);
 	return 0;
+}
+
+/* A reader error (a byte that is not UTF-8, a control character) has only
+ * a byte offset: its line and character column. */
+static void
+offset_position(const struct source *src, size_t offset, int *line, int *col)
+{
+	size_t i = 0;
+
+	*line = 1;
+	*col = 1;
+	if (src->len >= 3 && memcmp(src->buf, "\xef\xbb\xbf", 3) == 0)
+		i = 3;
+	for (; i < offset && i < src->len; i++) {
+		char ch = src->buf[i];
+
+		if (ch == '\n' || (ch == '\r' && (i + 1 >= src->len ||
+		    src->buf[i + 1] != '\n'))) {
+			(*line)++;
+			*col = 1;
+		} else if (ch != '\r' && ((unsigned char)ch & 0xc0) != 0x80)
+			(*col)++;
+	}
 }
 
 /*
@@ -373,27 +478,87 @@ looks_like_bare_ipv6(const char *text, size_t col)
 	    memmem(word, wlen, "::", 2) != NULL;
 }
 
+/* What a failed parse leaves to report (libyaml's strings are constants). */
+struct yaml_failure {
+	yaml_error_type_t	 error;
+	const char		*problem, *context;
+	yaml_mark_t		 problem_mark, context_mark;
+	size_t			 problem_offset;
+	yaml_encoding_t		 encoding;
+};
+
+static struct yaml_failure
+yaml_failure_of(const yaml_parser_t *p)
+{
+	struct yaml_failure f = { p->error, p->problem, p->context,
+	    p->problem_mark, p->context_mark, p->problem_offset, p->encoding };
+
+	return f;
+}
+
+/* Is the parser stopped on a bare IPv6 word (see looks_like_bare_ipv6)? */
+static int
+stopped_on_ipv6(const struct source *src, const struct yaml_failure *parser)
+{
+	const yaml_mark_t *m = parser->problem ? &parser->problem_mark :
+	    &parser->context_mark;
+	char text[1024];
+
+	return (parser->error == YAML_SCANNER_ERROR ||
+	    parser->error == YAML_PARSER_ERROR) &&
+	    parser->encoding == YAML_UTF8_ENCODING &&
+	    source_line(src, m->line, text, sizeof(text)) == 0 &&
+	    looks_like_bare_ipv6(text, m->column);
+}
+
+/* When the parser stopped on a plain scalar that starts with ':' in a flow
+ * collection, puts a FLOW_COLON in its place; 0 if it did. */
+static int
+replace_flow_colon(struct loader *ld, struct source *src,
+    const struct yaml_failure *parser)
+{
+	const yaml_mark_t *m = &parser->problem_mark;
+	long at;
+
+	if (!parser->problem || parser->error != YAML_PARSER_ERROR ||
+	    !stopped_on_ipv6(src, parser) ||
+	    (at = mark_offset(src, m->line, m->column)) < 0 || src->buf[at] != ':')
+		return -1;
+	src->buf = xrealloc(src->buf, src->len + FLOW_COLON_LEN);
+	memmove(src->buf + at + FLOW_COLON_LEN, src->buf + at + 1,
+	    src->len - (size_t)at - 1);
+	memcpy(src->buf + at, FLOW_COLON, FLOW_COLON_LEN);
+	src->len += FLOW_COLON_LEN - 1;
+	ld->flow_colons = 1;
+	return 0;
+}
+
 static void
-yaml_report_parser_error(struct loader *ld, yaml_parser_t *parser, FILE *fp,
-    int read_errno)
+yaml_report_parser_error(struct loader *ld, const struct source *src,
+    const struct yaml_failure *parser)
 {
 	const yaml_mark_t *m = parser->problem ? &parser->problem_mark :
 	    &parser->context_mark;
 	const char *hint = "", *what = NULL;
-	char text[1024], start[128] = "";
+	char start[128] = "";
 
-	/* libyaml words a failed read(2) as "input error" */
-	if (parser->error == YAML_READER_ERROR && ferror(fp)) {
-		errorf(ld, (int)m->line + 1, (int)m->column + 1, "cannot read: %s",
-		    strerror(read_errno));
+	if (parser->error == YAML_READER_ERROR) {
+		/* libyaml gives a byte offset only, and no mark */
+		int line, col;
+		const char *why = parser->problem ? parser->problem :
+		    "cannot decode the file";
+
+		offset_position(src, parser->problem_offset, &line, &col);
+		errorf(ld, line, col, "%s%s", why, strstr(why, "UTF-8") ?
+		    " (the file must be UTF-8)" : strstr(why, "control") ?
+		    " (YAML allows only tab and line breaks)" : "");
 		return;
 	}
-	if ((parser->error == YAML_SCANNER_ERROR ||
-	    parser->error == YAML_PARSER_ERROR) &&
-	    parser->encoding == YAML_UTF8_ENCODING &&
-	    source_line(fp, m->line, text, sizeof(text)) == 0 &&
-	    looks_like_bare_ipv6(text, m->column))
+	if (stopped_on_ipv6(src, parser))
 		hint = " (quote IPv6 addresses: \"::1/128\", \"[::1]:8080\")";
+	else if (parser->problem && strcmp(parser->problem,
+	    "mapping values are not allowed in this context") == 0)
+		hint = " (quote a value that contains \": \" or ends in \":\")";
 	/*
 	 * An unterminated quote or bracket is only noticed where the file
 	 * ends or the next token fails, maybe many lines on; the position
@@ -417,20 +582,18 @@ yaml_report_parser_error(struct loader *ld, yaml_parser_t *parser, FILE *fp,
 	    start, hint);
 }
 
-/* Parses the file into one document's root node, or NULL (errors reported). */
+/* One parse of the source into one document's root node, or NULL: then
+ * either errors were reported or the parser holds a syntax error. */
 static struct node *
-yaml_load_file(struct loader *ld, FILE *fp)
+yaml_parse_source(struct loader *ld, const struct source *src, yaml_parser_t *parser)
 {
-	yaml_parser_t parser;
 	yaml_event_t ev;
 	struct node *root = NULL;
-	int ndocs = 0, failed = 0, read_errno = 0;
+	int ndocs = 0, failed = 0;
 
-	yaml_parser_initialize(&parser);
-	yaml_parser_set_input_file(&parser, fp);
+	yaml_parser_set_input_string(parser, (const unsigned char *)src->buf, src->len);
 	for (;;) {
-		if (!yaml_parser_parse(&parser, &ev)) {
-			read_errno = errno;
+		if (!yaml_parser_parse(parser, &ev)) {
 			failed = 1;
 			break;
 		}
@@ -449,7 +612,7 @@ yaml_load_file(struct loader *ld, FILE *fp)
 			}
 		} else if (ev.type != YAML_STREAM_START_EVENT &&
 		    ev.type != YAML_DOCUMENT_END_EVENT) {
-			struct node *nd = yaml_read_node(ld, &parser, &ev, 0);
+			struct node *nd = yaml_read_node(ld, parser, &ev, 0);
 
 			if (nd == NULL) {
 				yaml_event_delete(&ev);
@@ -460,13 +623,63 @@ yaml_load_file(struct loader *ld, FILE *fp)
 		}
 		yaml_event_delete(&ev);
 	}
-	if (failed && parser.error != YAML_NO_ERROR)
-		yaml_report_parser_error(ld, &parser, fp, read_errno);
-	yaml_parser_delete(&parser);
 	if (failed) {
 		node_free(root);
 		return NULL;
 	}
+	return root;
+}
+
+/* Parses the file into one document's root node, or NULL (errors reported,
+ * or none for an empty file). */
+static struct node *
+yaml_load_file(struct loader *ld, FILE *fp)
+{
+	struct source src = { NULL, 0 };
+	struct yaml_failure first[FLOW_COLON_RETRIES];
+	struct node *root = NULL;
+	size_t cap = 0, n;
+
+	do {
+		if (src.len == cap) {
+			cap = cap ? cap * 2 : 8192;
+			src.buf = xrealloc(src.buf, cap);
+		}
+		n = fread(src.buf + src.len, 1, cap - src.len, fp);
+		src.len += n;
+	} while (n > 0);
+	if (ferror(fp)) {
+		errorf(ld, 1, 1, "cannot read: %s", strerror(errno));
+		free(src.buf);
+		return NULL;
+	}
+	/* first[k]: the failure that had colon k replaced, reported if the
+	 * parse still fails on its line (so "listen: [::1]:8080" is
+	 * reported where the address starts, not at ":8080") */
+	for (int tries = 0;; tries++) {
+		yaml_parser_t parser;
+		struct yaml_failure f;
+
+		yaml_parser_initialize(&parser);
+		root = yaml_parse_source(ld, &src, &parser);
+		f = yaml_failure_of(&parser);
+		yaml_parser_delete(&parser);
+		if (root != NULL || f.error == YAML_NO_ERROR)
+			break;
+		if (tries < FLOW_COLON_RETRIES &&
+		    replace_flow_colon(ld, &src, &f) == 0) {
+			first[tries] = f;
+			continue;		/* parse again, past that colon */
+		}
+		for (int k = 0; k < tries; k++)
+			if (first[k].problem_mark.line == f.problem_mark.line) {
+				f = first[k];
+				break;
+			}
+		yaml_report_parser_error(ld, &src, &f);
+		break;
+	}
+	free(src.buf);
 	return root;
 }
 
@@ -1012,13 +1225,27 @@ static int
 on_redis_password_env(struct loader *ld, const struct node *nd, const char *key, void *t)
 {
 	struct config *c = t;
+	const char *name;
+	int ok;
 
 	if (node_is_null(nd)) {
 		free(c->redis_password_env);
 		c->redis_password_env = NULL;
 		return 0;
 	}
-	return get_string(ld, nd, key, &c->redis_password_env);
+	if (get_string(ld, nd, key, &c->redis_password_env) == -1)
+		return -1;
+	/* what a shell, systemd's Environment= or a container spec can set */
+	name = c->redis_password_env;
+	ok = *name != '\0' && !isdigit((unsigned char)*name);
+	for (const char *p = name; ok && *p; p++)
+		ok = isalnum((unsigned char)*p) || *p == '_';
+	if (!ok) {
+		node_error(ld, nd, "%s: \"%s\" is not an environment variable name "
+		    "(A-Z a-z 0-9 _, not starting with a digit)", key, echo(ld, name));
+		return -1;
+	}
+	return 0;
 }
 
 static int
@@ -1459,6 +1686,39 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
 		    echo(ld, d->r.path));
 		return -1;
 	}
+	if (kind != PATH_REGEX && strpbrk(d->r.path, "?#")) {
+		node_error(ld, nd, "%s: \"%s\" can never match: routes match the "
+		    "path without its query (a query value can be the key, "
+		    "query:NAME)", key, echo(ld, d->r.path));
+		return -1;
+	}
+	if (kind != PATH_REGEX) {
+		/* Requests are matched on their normalized path: a value that
+		 * normalization would change matches none of them. */
+		size_t size = strlen(d->r.path) + 2;
+		char *norm = xmalloc(size);
+		const char *query;
+		int differs;
+
+		policy_normalize_uri(d->r.path, norm, size, &query);
+		if ((differs = strcmp(norm, d->r.path) != 0))
+			node_error(ld, nd, "%s: \"%s\" can never match: requests are "
+			    "matched on their normalized path (percent-escapes "
+			    "decoded, // merged, . and .. resolved); write \"%s\"",
+			    key, echo(ld, d->r.path), echo(ld, norm));
+		free(norm);
+		if (differs)
+			return -1;
+	}
+	if (kind == PATH_REGEX && strlen(d->r.path) > REGEX_MAX_LEN) {
+		/* glibc's regcomp takes memory that grows with the square of
+		 * the pattern: 6 GB for 120 KB of "(a|b)*", in the process that
+		 * serves (a reload compiles there) */
+		node_error(ld, nd, "regex: %zu bytes long; at most %d", strlen(d->r.path),
+		    REGEX_MAX_LEN);
+		d->r.path_kind = PATH_ANY;
+		return -1;
+	}
 	if (kind == PATH_REGEX) {
 		int rc = regcomp(&d->r.regex, d->r.path, REG_EXTENDED | REG_NOSUB);
 
@@ -1515,6 +1775,11 @@ on_match_methods(struct loader *ld, const struct node *nd, const char *key, void
 		node_error(ld, nd, "%s: expected a list of methods", key);
 		return -1;
 	}
+	if (nd->nitems == 0) {
+		node_error(ld, nd, "%s: an empty list; leave \"methods\" out to "
+		    "match every method", key);
+		return -1;
+	}
 	d->r.methods = xcalloc(nd->nitems, sizeof(char *));
 	for (size_t i = 0; i < nd->nitems; i++) {
 		char *m = NULL;
@@ -1544,6 +1809,11 @@ on_match_host(struct loader *ld, const struct node *nd, const char *key, void *t
 
 	if (get_string(ld, nd, key, &d->r.host) == -1)
 		return -1;
+	if (d->r.host[0] == '\0') {
+		node_error(ld, nd, "%s: empty; leave \"host\" out to match every "
+		    "host", key);
+		return -1;
+	}
 	for (char *p = d->r.host; *p; p++)
 		*p = (char)tolower((unsigned char)*p);
 	return 0;
@@ -1707,9 +1977,76 @@ on_override_keys(struct loader *ld, const struct node *nd, const char *key, void
 
 		if (get_string(ld, nd->items[i], key, &k) == -1)
 			bad = 1;
-		else
+		else if (k[0] == '\0') {
+			node_error(ld, nd->items[i], "%s: an empty key matches no "
+			    "client (an empty value is no key)", key);
+			free(k);
+			bad = 1;
+		} else
 			d->o.keys[d->o.nkeys++] = k;
 	}
+	return bad ? -1 : 0;
+}
+
+/* A client key of an override, where it was written. */
+struct override_key_at {
+	const char		*key;
+	const struct node	*nd;
+};
+
+static int
+override_key_cmp(const void *a, const void *b)
+{
+	const struct override_key_at *x = a, *y = b;
+	int c = strcmp(x->key, y->key);
+
+	if (c == 0)
+		c = x->nd->line != y->nd->line ? x->nd->line - y->nd->line :
+		    x->nd->col - y->nd->col;
+	return c;
+}
+
+/* A key listed twice: only its first override would ever apply. */
+static int
+check_override_keys_unique(struct loader *ld, const struct route *r,
+    const struct node *overrides_nd)
+{
+	struct override_key_at *all;
+	size_t n = 0, k = 0;
+	int bad = 0;
+
+	for (size_t i = 0; i < r->noverrides; i++)
+		n += r->overrides[i].nkeys;
+	if (n < 2)
+		return 0;
+	all = xcalloc(n, sizeof(*all));
+	/* overrides_nd's items and the keys kept are in step: this runs only
+	 * when every override was read without an error */
+	for (size_t i = 0; i < r->noverrides; i++) {
+		const struct node *keys_nd = NULL, *o_nd = overrides_nd->items[i];
+
+		for (size_t j = 0; j + 1 < o_nd->nitems; j += 2)
+			if (strcmp(o_nd->items[j]->value, "keys") == 0)
+				keys_nd = o_nd->items[j + 1];
+		for (size_t j = 0; j < r->overrides[i].nkeys; j++) {
+			all[k].key = r->overrides[i].keys[j];
+			all[k++].nd = keys_nd->items[j];
+		}
+	}
+	qsort(all, n, sizeof(*all), override_key_cmp);
+	for (size_t i = 1; i < n; i++)
+		if (strcmp(all[i].key, all[i - 1].key) == 0) {
+			size_t first = i - 1;
+
+			while (first > 0 && strcmp(all[first - 1].key, all[i].key) == 0)
+				first--;
+			node_error(ld, all[i].nd, "overrides: client key \"%s\" is "
+			    "already listed at %d:%d; only its first override "
+			    "would apply", echo(ld, all[i].key), all[first].nd->line,
+			    all[first].nd->col);
+			bad = 1;
+		}
+	free(all);
 	return bad ? -1 : 0;
 }
 
@@ -1785,6 +2122,8 @@ on_route_overrides(struct loader *ld, const struct node *nd, const char *key, vo
 		od.o.set.unlimited = od.unlimited;
 		d->r.overrides[d->r.noverrides++] = od.o;
 	}
+	if (!bad)
+		bad = check_override_keys_unique(ld, &d->r, nd) == -1;
 	return bad ? -1 : 0;
 }
 
@@ -1826,6 +2165,7 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 {
 	struct config *c = t;
 	char **names;
+	const struct node **name_nds;
 	size_t nnames = 0;
 
 	if (nd->type != NODE_SEQUENCE) {
@@ -1839,6 +2179,7 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 	c->routes = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*c->routes));
 	/* Names of every route read so far, valid or not, for duplicates. */
 	names = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*names));
+	name_nds = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*name_nds));
 	for (size_t i = 0; i < nd->nitems; i++) {
 		struct route_draft d;
 		unsigned long seen;
@@ -1862,9 +2203,12 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 		for (size_t j = 0; d.r.name && j < nnames; j++)
 			if (strcmp(names[j], d.r.name) == 0)
 				node_error(ld, d.name_nd, "route: duplicate route name "
-				    "\"%s\"", echo(ld, d.r.name));
-		if (d.r.name)
+				    "\"%s\" (first at %d:%d)", echo(ld, d.r.name),
+				    name_nds[j]->line, name_nds[j]->col);
+		if (d.r.name) {
+			name_nds[nnames] = d.name_nd;
 			names[nnames++] = xstrdup(d.r.name);
+		}
 		if (ld->errors->n != nerr) {
 			route_free(&d.r);
 			continue;
@@ -1874,6 +2218,7 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 	for (size_t j = 0; j < nnames; j++)
 		free(names[j]);
 	free(names);
+	free(name_nds);
 	return 0;
 }
 
@@ -2124,8 +2469,18 @@ duration_json(long long us)
 
 	if (us % US_PER_S == 0)
 		snprintf(buf, sizeof(buf), "%llds", us / US_PER_S);
-	else
+	else if (us % US_PER_MS == 0)
 		snprintf(buf, sizeof(buf), "%lldms", us / US_PER_MS);
+	else {
+		/* a default precision, window/10, of a window that is not a
+		 * multiple of 10ms: 1001ms gives 100.1ms, as in force */
+		size_t n = (size_t)snprintf(buf, sizeof(buf), "%lld.%03lld",
+		    us / US_PER_MS, us % US_PER_MS);
+
+		while (buf[n - 1] == '0')
+			buf[--n] = '\0';
+		strcat(buf, "ms");
+	}
 	return json_string(buf);
 }
 

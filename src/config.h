@@ -57,7 +57,7 @@ struct override {
 	char		**keys;
 	size_t		  nkeys;
 	char		**canon_ip;	/* per key: its canonical address, or NULL
-					 * (policy_prepare, mixed routes only) */
+					 * (policy_prepare, routes keyed by ip) */
 	struct limit_set  set;
 };
 

@@ -424,7 +424,14 @@ main(int argc, char **argv)
 			return 1;
 		}
 	}
-	if (path == NULL || optind != argc) {
+	if (optind != argc) {
+		fprintf(stderr, "ratelimitd: unexpected argument \"%s\"\n", argv[optind]);
+		usage(stderr);
+		return 1;
+	}
+	if (path == NULL || *path == '\0') {
+		fprintf(stderr, "ratelimitd: %s\n", path ? "-c needs a file name, "
+		    "not an empty one" : "-c FILE is required");
 		usage(stderr);
 		return 1;
 	}

@@ -685,3 +685,15 @@ def test_retry_after_of_a_bigger_cost_is_its_own_wait(start_daemon, redis_server
     assert H(v3)["retry"] == 3
     clock.sleep_until(td + 3.02)
     assert jc(d, rn, "c1", cost=3).status_code == 200
+
+
+def test_default_precision_shown_as_in_force(start_daemon):
+    """window/10 of a window that is not a multiple of 10ms is not whole
+    milliseconds: /v1/policy says what the buckets really are."""
+    d = start_daemon(policy([
+        route("a", ["{name: q, algorithm: sliding_window_counter, limit: 5, window: 1001ms}"]),
+        route("b", ["{name: q, algorithm: sliding_window_counter, limit: 5, window: 13ms}"]),
+        route("c", ["{name: q, algorithm: sliding_window_counter, limit: 5, window: 1m}"]),
+    ]))
+    lims = policy_limits(d)
+    assert [lims[n][0]["precision"] for n in "abc"] == ["100.1ms", "1.3ms", "6s"], lims

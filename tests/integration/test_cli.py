@@ -42,3 +42,12 @@ def test_wrong_usage_exits_1_with_usage_on_stderr():
         assert r.returncode == 1, args
         assert "usage: ratelimitd" in r.stderr, (args, r.stderr)
         assert r.stdout == "", args
+
+
+def test_wrong_usage_says_what_is_wrong():
+    for args, says in ((("-c", POLICY, "extra"), 'unexpected argument "extra"'),
+                       (("-t", "-c", POLICY, "--", "-c"), 'unexpected argument "-c"'),
+                       ((), "-c FILE is required"),
+                       (("-t", "-c", ""), "-c needs a file name, not an empty one")):
+        r = run(*args)
+        assert r.returncode == 1 and r.stderr.startswith("ratelimitd: " + says), (args, r.stderr)

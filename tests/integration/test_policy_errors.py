@@ -341,6 +341,33 @@ def test_never_crashes(tmp_path, content):
             assert LINE_RE.match(l) and l.startswith(path + ":"), l
 
 
+@pytest.mark.parametrize("line,byte,col,says", [
+    # libyaml gives these only a byte offset: the loader finds the place
+    # (a trailing octet is placed where it is, one past its lead)
+    (22, b"        limit: 1\xe90", 18, "invalid trailing UTF-8 octet (the file must be UTF-8)"),
+    (22, b"        limit: \xc3\xa9\xff", 17, "UTF-8"),
+    (14, b"      - { name: b\x01urst", 18, "control characters are not allowed"),
+    (5, b"  address: 127.0.0.1:6379 # \xc3\xa9\x00", 30, "control characters"),
+])
+def test_bad_bytes_are_placed(tmp_path, line, byte, col, says):
+    raw = [l.encode() for l in BASE]
+    raw[line - 1] = byte
+    path = os.path.join(str(tmp_path), "bytes.yaml")
+    with open(path, "wb") as f:
+        f.write(b"\n".join(raw) + b"\n")
+    errs = run_bad(path)
+    assert len(errs) == 1 and errs[0][:2] == (line, col) and says in errs[0][2], errs
+
+
+@pytest.mark.parametrize("text", [
+    '  - name: "a\\u0000b"', '  - name: "a\\0b"',
+])
+def test_nul_in_a_quoted_value_is_an_error(tmp_path, text):
+    """C strings end at a NUL: the value in force would be cut short."""
+    errs = run_bad(write(tmp_path, variant({10: text})))
+    assert errs == [(10, 11, "a NUL character (\\0) is not allowed in a value")], errs
+
+
 def test_crlf_file_lines_and_columns(tmp_path):
     lines = variant({23: "        window: 10x"})
     path = os.path.join(str(tmp_path), "crlf.yaml")
@@ -400,12 +427,41 @@ def test_sliding_window_log_limit_is_capped(tmp_path):
 IPV6_HINT = ' (quote IPv6 addresses: "::1/128", "[::1]:8080")'
 
 
-@pytest.mark.parametrize("lineno,text,token", [
+@pytest.mark.parametrize("lines", [
     # the SPEC's own example: YAML 1.1 cannot start a plain scalar with ':'
-    # inside a flow collection
-    (8, "trusted_proxies: [127.0.0.1/32, ::1/128]", "::1/128"),
-    (8, "trusted_proxies: [::1/128,127.0.0.1/32]", "::1/128"),
-    (8, "trusted_proxies: { a: ::1 }", "::1 }"),
+    # inside a flow collection, which the loader gets past
+    variant({8: "trusted_proxies: [127.0.0.1/32, ::1/128]"}),
+    variant({8: "trusted_proxies: [::1/128,127.0.0.1/32]"}),
+    variant({8: "trusted_proxies: ["}, insert={9: ["  127.0.0.1/32,", "  ::1/128", "]"]}),
+])
+def test_bare_ipv6_in_a_flow_list_loads(tmp_path, lines):
+    p = validate(write(tmp_path, lines))
+    assert p.returncode == 0, p.stderr.decode()
+
+
+def test_bare_ipv6_in_a_flow_list_is_the_address(start_daemon):
+    """The colon the loader stepped past is back in the value."""
+    import requests
+    from helpers import policy
+    d = start_daemon(policy("  - name: r\n    match: {prefix: /}\n    limits: [{algorithm: "
+                            "fixed_window, limit: 5, window: 1m}]\n",
+                            top="trusted_proxies: [::1/128,   ::ffff:0:0/96]\n"))
+    v = requests.get(d.url("/v1/policy"), timeout=5).json()
+    assert v["trusted_proxies"] == ["::1/128", "::ffff:0.0.0.0/96"], v
+
+
+def test_bare_ipv6_error_is_where_the_value_is(tmp_path):
+    errs = run_bad(write(tmp_path, variant({8: "trusted_proxies: [10.0.0.1, ::zz]"})))
+    assert errs == [(8, 29, 'trusted_proxies: "::zz" is not an IP address or CIDR range')], errs
+    errs = run_bad(write(tmp_path, variant({8: "trusted_proxies: { a: ::1 }"})))
+    assert [(l, c) for l, c, _ in errs] == [(8, 18)], errs
+
+
+IPV6_HINT = ' (quote IPv6 addresses: "::1/128", "[::1]:8080")'
+
+
+@pytest.mark.parametrize("lineno,text,token", [
+    # a flow list followed by more text: no reading makes it an address
     (2, "  listen: [::1]:8080", "::1]"),
     (2, "  listen: [fe80::1]:8080   # link-local", "]:8080"),
     (5, "  address: [::1]:6379", "::1]"),
@@ -418,13 +474,6 @@ def test_yaml_error_on_bare_ipv6_hints_at_quotes(tmp_path, lineno, text, token):
     # the error keeps libyaml's position; the hint is appended
     assert (line, col) == (lineno, col_of(text, token) + (token == "]:8080")), errs
     assert msg.startswith("YAML syntax error: ") and msg.endswith(IPV6_HINT), errs
-
-
-def test_yaml_error_on_multiline_flow_list_hints_at_quotes(tmp_path):
-    lines = variant({8: "trusted_proxies: ["}, insert={9: ["  127.0.0.1/32,", "  ::1/128", "]"]})
-    errs = run_bad(write(tmp_path, lines))
-    assert [(l, c) for l, c, _ in errs] == [(10, 3)], errs
-    assert errs[0][2].endswith(IPV6_HINT), errs
 
 
 @pytest.mark.parametrize("lineno,text", [
@@ -494,7 +543,7 @@ def test_messages_escape_user_strings(tmp_path, lineno, text):
 def test_duplicate_of_an_invalid_route_name_is_escaped(tmp_path):
     lines = variant({10: r'  - name: "a\x01"', 16: r'  - name: "a\x01"'})
     errs = run_bad(write(tmp_path, lines))
-    assert (16, 11, r'route: duplicate route name "a\x01"') in errs, errs
+    assert (16, 11, r'route: duplicate route name "a\x01" (first at 10:11)') in errs, errs
 
 
 def test_long_values_are_cut_in_messages(tmp_path):
@@ -612,7 +661,7 @@ def test_unclosed_flow_list_says_where_it_starts(tmp_path):
 def test_syntax_error_within_one_line_adds_no_start(tmp_path):
     errs = run_bad(write(tmp_path, variant({18: "    key: ip: x"})))
     assert errs == [(18, 12, "YAML syntax error: mapping values are not allowed "
-                     "in this context")], errs
+                     'in this context (quote a value that contains ": " or ends in ":")')], errs
 
 
 def test_default_precision_too_fine_says_it_is_the_default(tmp_path):
@@ -671,3 +720,72 @@ def test_missing_routes_comes_first(tmp_path):
     errs = bad_text(tmp_path, "server:\n  listen: nowhere\n")
     assert [(l, c) for l, c, _ in errs] == [(1, 1), (2, 11)], errs
     assert "routes" in errs[0][2]
+
+
+# ---------------------------------------------------------------- match
+# values that can never match a request are errors, not silent no-ops
+# (an audit found each loaded by -t and then never applied)
+
+@pytest.mark.parametrize("match,col,says", [
+    ('{ path: "/q?x=1" }', 20, 'path: "/q?x=1" can never match: routes match the path '
+                               'without its query'),
+    ("{ prefix: /a#frag }", 22, "can never match"),
+    ("{ path: /a/../b }", 20, 'write "/b"'),
+    ("{ path: /a//b }", 20, 'write "/a/b"'),
+    ("{ prefix: /x/./y/ }", 22, 'write "/x/y/"'),
+    ('{ path: "/a%2Fb" }', 20, 'write "/a/b"'),
+    ('{ prefix: "/%7Euser/" }', 22, 'write "/~user/"'),
+    ('{ prefix: /, host: "" }', 31, 'host: empty; leave "host" out to match every host'),
+    ("{ prefix: /, methods: [] }", 34, 'methods: an empty list; leave "methods" out'),
+    ('{ regex: "%s" }' % ("(a|b)*" * 700), 21, "regex: 4200 bytes long; at most 4096"),
+])
+def test_match_that_can_never_match_is_an_error(tmp_path, match, col, says):
+    text = one_route(["{ algorithm: fixed_window, limit: 1, window: 1m }"]).replace(
+        "{ prefix: / }", match)
+    errs = bad_text(tmp_path, text)
+    assert len(errs) == 1 and errs[0][:2] == (3, col) and says in errs[0][2], errs
+
+
+@pytest.mark.parametrize("match", [
+    "{ path: /100% }", "{ prefix: /a/b/ }", '{ path: "/%00" }', "{ path: /caf\u00e9 }",
+    '{ regex: "%s" }' % ("(a|b)*" * 680),
+])
+def test_match_in_normal_form_loads(tmp_path, match):
+    text = one_route(["{ algorithm: fixed_window, limit: 1, window: 1m }"]).replace(
+        "{ prefix: / }", match)
+    p = validate(write(tmp_path, text.splitlines()))
+    assert p.returncode == 0, p.stderr.decode()
+
+
+def test_override_key_listed_twice_is_an_error(tmp_path):
+    """Only the first override of a key applies: a second is a mistake."""
+    text = one_route(["{ algorithm: fixed_window, limit: 1, window: 1m }"],
+                     extra="    key: header:K\n") + (
+        "    overrides:\n"
+        "      - { keys: [a, b], limits: [{ algorithm: fixed_window, limit: 5, window: 1m }] }\n"
+        "      - { keys: [c, a], unlimited: true }\n"
+        "      - { keys: [b, b], unlimited: true }\n")
+    errs = bad_text(tmp_path, text)
+    assert errs == [
+        (9, 21, 'overrides: client key "a" is already listed at 8:18; only its first '
+                'override would apply'),
+        (10, 18, 'overrides: client key "b" is already listed at 8:21; only its first '
+                 'override would apply'),
+        (10, 21, 'overrides: client key "b" is already listed at 8:21; only its first '
+                 'override would apply')], errs
+    errs = bad_text(tmp_path, text.replace("[b, b]", '[""]'))
+    assert errs == [(10, 18, "keys: an empty key matches no client (an empty value is "
+                             "no key)")], errs
+
+
+@pytest.mark.parametrize("value", ['"A B"', "1BAD", '""', "X-Y"])
+def test_password_env_must_be_a_variable_name(tmp_path, value):
+    errs = run_bad(write(tmp_path, variant(insert={6: ["  password_env: %s" % value]})))
+    assert len(errs) == 1 and errs[0][:2] == (6, 17), errs
+    assert "is not an environment variable name" in errs[0][2], errs
+
+
+def test_unquoted_colon_value_hints_at_quotes(tmp_path):
+    errs = run_bad(write(tmp_path, variant({18: "    key: header:"})))
+    assert errs == [(18, 16, 'YAML syntax error: mapping values are not allowed in this '
+                             'context (quote a value that contains ": " or ends in ":")')], errs
