@@ -34,6 +34,7 @@
 #define QUOTA_MAX	1000000000000LL
 #define NAME_MAX_LEN	64
 #define REGEX_MAX_LEN	4096
+#define LEAKY_HOLD_WARN_US (5 * US_PER_S)
 #define SLIDING_BUCKETS_MAX 1000	/* window/precision: bounds Redis memory */
 /* sliding_window_log stores one sorted-set member per unit of cost, and a
  * request may cost up to its route's largest quota: at limit 1e12 one
@@ -70,6 +71,8 @@ struct loader {
 	char			 echo[ECHO_SLOTS][ECHO_SIZE]; /* see echo() */
 	unsigned		 necho;
 	int			 flow_colons;	/* see FLOW_COLON */
+	char			**warnings;	/* see struct config */
+	size_t			  nwarnings;
 };
 
 static unsigned long config_generation;
@@ -98,6 +101,26 @@ errorf(struct loader *ld, int line, int col, const char *fmt, ...)
 	ld->pos[e->n].line = line;
 	ld->pos[e->n].col = col;
 	e->lines[e->n++] = xasprintf("%s:%d:%d: %s", ld->path, line, col, msg);
+}
+
+static void
+warnf(struct loader *ld, const struct node *nd, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* A warning: kept with the policy (config_load moves them there). */
+static void
+warnf(struct loader *ld, const struct node *nd, const char *fmt, ...)
+{
+	char msg[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	ld->warnings = xrealloc(ld->warnings, (ld->nwarnings + 1) *
+	    sizeof(*ld->warnings));
+	ld->warnings[ld->nwarnings++] = xasprintf("%s:%d:%d: warning: %s",
+	    ld->path, nd->line, nd->col, msg);
 }
 
 static int
@@ -1550,6 +1573,19 @@ limit_finish(struct loader *ld, struct limit_draft *d)
 		l->delay = l->algorithm == ALGORITHM_LEAKY_BUCKET;
 		if (d->delay_nd && get_bool(ld, d->delay_nd, "delay", &l->delay) == -1)
 			bad = 1;
+		if (!bad && l->delay && l->rate_n > 0 &&
+		    (long double)(l->quota - 1) * l->rate_period_us / l->rate_n >
+		    LEAKY_HOLD_WARN_US) {
+			/* A gateway gives up on its check long before that:
+			 * Envoy's ext_authz after 200ms by default */
+			long double hold_s = (long double)(l->quota - 1) *
+			    l->rate_period_us / l->rate_n / US_PER_S;
+
+			warnf(ld, d->node, "leaky_bucket with delay: true holds the "
+			    "last of a burst %.1Lfs before it answers; the gateway's "
+			    "timeout for the check must be longer (conf/nginx.conf "
+			    "waits 5s), or use delay: false", hold_s);
+		}
 	}
 #undef FORBID
 #undef REQUIRE
@@ -2160,12 +2196,46 @@ route_free(struct route *r)
 	free(r->overrides);
 }
 
+/* Does every request that route b matches also match route a? Routes
+ * match on path, methods and host only. */
+static int
+route_covers(const struct route *a, const struct route *b)
+{
+	if (a->nmethods > 0) {
+		if (b->nmethods == 0)
+			return 0;
+		for (size_t i = 0; i < b->nmethods; i++) {
+			size_t j = 0;
+
+			while (j < a->nmethods && strcmp(a->methods[j], b->methods[i]) != 0)
+				j++;
+			if (j == a->nmethods)
+				return 0;
+		}
+	}
+	if (a->host && (b->host == NULL || strcmp(a->host, b->host) != 0))
+		return 0;
+	switch (a->path_kind) {
+	case PATH_ANY:
+		return 1;
+	case PATH_PREFIX:	/* every normalized path starts with "/" */
+		if (strcmp(a->path, "/") == 0)
+			return 1;
+		return (b->path_kind == PATH_EXACT || b->path_kind == PATH_PREFIX) &&
+		    strncmp(b->path, a->path, strlen(a->path)) == 0;
+	case PATH_EXACT:
+		return b->path_kind == PATH_EXACT && strcmp(a->path, b->path) == 0;
+	default:
+		return 0;	/* a regex: not worked out */
+	}
+}
+
 static int
 on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 {
 	struct config *c = t;
 	char **names;
-	const struct node **name_nds;
+	const struct node **name_nds, **kept_nds;
 	size_t nnames = 0;
 
 	if (nd->type != NODE_SEQUENCE) {
@@ -2180,6 +2250,7 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 	/* Names of every route read so far, valid or not, for duplicates. */
 	names = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*names));
 	name_nds = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*name_nds));
+	kept_nds = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*kept_nds));
 	for (size_t i = 0; i < nd->nitems; i++) {
 		struct route_draft d;
 		unsigned long seen;
@@ -2213,12 +2284,23 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 			route_free(&d.r);
 			continue;
 		}
+		for (size_t j = 0; j < c->nroutes; j++)
+			if (route_covers(&c->routes[j], &d.r)) {
+				warnf(ld, d.node, "route \"%s\" can never match: "
+				    "route \"%s\" (at %d:%d) comes first and matches "
+				    "every request it would", echo(ld, d.r.name),
+				    echo(ld, c->routes[j].name), kept_nds[j]->line,
+				    kept_nds[j]->col);
+				break;
+			}
+		kept_nds[c->nroutes] = d.node;
 		c->routes[c->nroutes++] = d.r;
 	}
 	for (size_t j = 0; j < nnames; j++)
 		free(names[j]);
 	free(names);
 	free(name_nds);
+	free(kept_nds);
 	return 0;
 }
 
@@ -2346,6 +2428,9 @@ config_free(struct config *c)
 	for (size_t i = 0; i < c->nroutes; i++)
 		route_free(&c->routes[i]);
 	free(c->routes);
+	for (size_t i = 0; i < c->nwarnings; i++)
+		free(c->warnings[i]);
+	free(c->warnings);
 	free(c);
 }
 
@@ -2408,9 +2493,14 @@ config_load(const char *path, struct config_errors *errors)
 	}
 	errors_sort(&ld);
 	if (errors->n > 0) {
+		for (size_t i = 0; i < ld.nwarnings; i++)
+			free(ld.warnings[i]);
+		free(ld.warnings);
 		config_free(c);
 		return NULL;
 	}
+	c->warnings = ld.warnings;
+	c->nwarnings = ld.nwarnings;
 	c->generation = __atomic_add_fetch(&config_generation, 1, __ATOMIC_RELAXED);
 	return c;
 }

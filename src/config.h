@@ -126,6 +126,12 @@ struct config {
 
 	struct route	*routes;
 	size_t		 nroutes;
+
+	/* "FILE:LINE:COL: warning: ..." for what loads but is surely not
+	 * meant (a route that can never match); -t prints them, the daemon
+	 * logs them on each load */
+	char		**warnings;
+	size_t		  nwarnings;
 };
 
 /* Errors collected while loading, each "FILE:LINE:COL: message". */

@@ -87,6 +87,13 @@ print_errors(struct config_errors *errors)
 		fprintf(stderr, "%s\n", errors->lines[i]);
 }
 
+static void
+log_warnings(const struct config *c)
+{
+	for (size_t i = 0; i < c->nwarnings; i++)
+		log_warnx("%s", c->warnings[i]);
+}
+
 /* Interns route names for metric labels (stable across reloads). */
 static void
 assign_metric_ids(struct config *c)
@@ -196,6 +203,7 @@ reload(struct env *env, const char *why)
 	stat(c->path, &env->loaded_stat);
 	metrics_reload(1);
 	log_info("reload (%s): policy %s loaded, %zu routes", why, c->path, c->nroutes);
+	log_warnings(c);
 }
 
 /* The change time too: a chmod that makes a refused file readable is a
@@ -332,6 +340,7 @@ run(const char *path)
 	}
 	log_configure((enum log_level)env.config->log_level,
 	    (enum log_format)env.config->log_format);
+	log_warnings(env.config);
 	assign_metric_ids(env.config);
 	policy_prepare(env.config);
 	stat(path, &env.loaded_stat);
@@ -444,6 +453,8 @@ main(int argc, char **argv)
 			config_errors_free(&errors);
 			return 1;
 		}
+		for (size_t i = 0; i < c->nwarnings; i++)
+			fprintf(stderr, "%s\n", c->warnings[i]);
 		printf("%s: ok\n", path);
 		config_unref(c);
 		return 0;

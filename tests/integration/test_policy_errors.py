@@ -789,3 +789,54 @@ def test_unquoted_colon_value_hints_at_quotes(tmp_path):
     errs = run_bad(write(tmp_path, variant({18: "    key: header:"})))
     assert errs == [(18, 16, 'YAML syntax error: mapping values are not allowed in this '
                              'context (quote a value that contains ": " or ends in ":")')], errs
+
+
+def test_route_that_can_never_match_is_a_warning(tmp_path):
+    """Loads (first match wins is the contract), but -t says which route
+    takes every request the later one would match."""
+    text = one_route(["{ algorithm: fixed_window, limit: 1, window: 1m }"]).replace(
+        "{ prefix: / }", "{ prefix: /api }") + (
+        "  - name: login\n"
+        "    match: { path: /api/login, methods: [POST] }\n"
+        "    limits: [{ algorithm: fixed_window, limit: 1, window: 1m }]\n"
+        "  - name: other-host\n"
+        "    match: { prefix: /b/, host: a.example.com }\n"
+        "    limits: [{ algorithm: fixed_window, limit: 1, window: 1m }]\n"
+        "  - name: all\n"
+        "    limits: [{ algorithm: fixed_window, limit: 1, window: 1m }]\n"
+        "  - name: after-all\n"
+        "    match: { regex: '^/x' }\n"
+        "    limits: [{ algorithm: fixed_window, limit: 1, window: 1m }]\n")
+    path = write(tmp_path, text.splitlines())
+    p = validate(path)
+    assert p.returncode == 0 and p.stdout.decode() == path + ": ok\n", p.stderr
+    warned = p.stderr.decode().splitlines()
+    assert warned == [
+        '%s:6:5: warning: route "login" can never match: route "r" (at 2:5) comes first '
+        'and matches every request it would' % path,
+        '%s:14:5: warning: route "after-all" can never match: route "all" (at 12:5) comes '
+        'first and matches every request it would' % path], warned
+
+
+def test_the_daemon_logs_the_warning(start_daemon):
+    from helpers import policy
+    d = start_daemon(policy(
+        "  - name: a\n    match: {prefix: /}\n    limits: [{limit: 5, window: 1m, "
+        "algorithm: fixed_window}]\n"
+        "  - name: b\n    match: {path: /x}\n    limits: [{limit: 5, window: 1m, "
+        "algorithm: fixed_window}]\n"))
+    assert 'warning: route "b" can never match: route "a"' in d.log(), d.log()
+
+
+def test_long_leaky_bucket_hold_is_a_warning(tmp_path):
+    text = one_route(['{ algorithm: leaky_bucket, rate: "1/h", burst: 3 }',
+                      '{ name: b, algorithm: leaky_bucket, rate: "10/s", burst: 20 }',
+                      '{ name: c, algorithm: leaky_bucket, rate: "1/m", burst: 9, '
+                      'delay: false }'])
+    path = write(tmp_path, text.splitlines())
+    p = validate(path)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.decode().splitlines() == [
+        "%s:5:9: warning: leaky_bucket with delay: true holds the last of a burst 7200.0s "
+        "before it answers; the gateway's timeout for the check must be longer "
+        "(conf/nginx.conf waits 5s), or use delay: false" % path]
