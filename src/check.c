@@ -713,15 +713,26 @@ check_json(struct worker *w, struct http_request *req)
 			http_reply_json_error(req, 400, "field \"headers\" must be an object");
 			goto out;
 		}
-		json_object_foreach(headers, k, v)
-			if (!json_is_string(v)) {
-				char esc[128];
+		json_object_foreach(headers, k, v) {
+			const char *k2;
+			json_t *v2;
+			char esc[128];
 
-				log_escape(esc, sizeof(esc), k, strlen(k));
+			log_escape(esc, sizeof(esc), k, strlen(k));
+			if (!json_is_string(v)) {
 				http_reply_json_error(req, 400, "field \"headers.%s\" must "
 				    "be a string", esc);
 				goto out;
 			}
+			/* header names are case-insensitive: which one counts? */
+			json_object_foreach(headers, k2, v2)
+				if (k2 != k && strcasecmp(k2, k) == 0) {
+					http_reply_json_error(req, 400, "field \"headers\" "
+					    "names \"%s\" twice (header names are "
+					    "case-insensitive)", esc);
+					goto out;
+				}
+		}
 	} else
 		headers = NULL;
 

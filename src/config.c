@@ -34,6 +34,10 @@
 #define QUOTA_MAX	1000000000000LL
 #define NAME_MAX_LEN	64
 #define REGEX_MAX_LEN	4096
+/* See restore_flow_colons. */
+#define FLOW_COLON		"\xee\x80\x80"
+#define FLOW_COLON_LEN		3
+#define FLOW_COLON_RETRIES	64
 #define LEAKY_HOLD_WARN_US (5 * US_PER_S)
 #define SLIDING_BUCKETS_MAX 1000	/* window/precision: bounds Redis memory */
 /* sliding_window_log stores one sorted-set member per unit of cost, and a
@@ -70,7 +74,8 @@ struct loader {
 	struct error_pos	*pos;	/* one per errors->lines[] */
 	char			 echo[ECHO_SLOTS][ECHO_SIZE]; /* see echo() */
 	unsigned		 necho;
-	int			 flow_colons;	/* see FLOW_COLON */
+	yaml_mark_t		 colon_at[FLOW_COLON_RETRIES]; /* see FLOW_COLON */
+	unsigned		 ncolons;
 	char			**warnings;	/* see struct config */
 	size_t			  nwarnings;
 };
@@ -229,6 +234,7 @@ node_append(struct node *parent, struct node *child)
 }
 
 static void restore_flow_colons(char *);
+static void restore_flow_colon(const struct loader *, char *, const yaml_mark_t *);
 
 /* Reads the next node from the parser; NULL on a syntax error (reported). */
 static struct node *
@@ -268,8 +274,9 @@ yaml_read_node(struct loader *ld, yaml_parser_t *parser, yaml_event_t *first,
 		nd = node_new(NODE_SCALAR, m);
 		nd->value = xstrndup((const char *)first->data.scalar.value,
 		    first->data.scalar.length);
-		if (ld->flow_colons)
-			restore_flow_colons(nd->value);
+		if (first->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+		    strncmp(nd->value, FLOW_COLON, FLOW_COLON_LEN) == 0)
+			restore_flow_colon(ld, nd->value, m);
 		nd->plain = first->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
 		return nd;
 	case YAML_SEQUENCE_START_EVENT:
@@ -319,15 +326,14 @@ yaml_read_node(struct loader *ld, yaml_parser_t *parser, yaml_event_t *first,
 /*
  * YAML 1.1 cannot start a plain scalar with ':' inside a flow collection,
  * so libyaml refuses the contract's own `trusted_proxies: [127.0.0.1/32,
- * ::1/128]`. Where it fails on such a word (and only there), the loader
- * puts U+E000, a private-use character that is one column wide like ':'
- * and no YAML indicator, in place of that ':' and parses again; scalars
- * get their ':' back. Positions stay those of the file.
+ * ::1/128]`. Where it fails on such a word (and only there, at most
+ * FLOW_COLON_RETRIES times), the loader puts U+E000, a private-use
+ * character that is one column wide like ':' and no YAML indicator, in
+ * place of that ':' and parses again; the plain scalars that start at one
+ * of those places get their ':' back (restore_flow_colon). Positions stay
+ * those of the file. restore_flow_colons puts them back in a line quoted
+ * in an error.
  */
-#define FLOW_COLON		"\xee\x80\x80"
-#define FLOW_COLON_LEN		3
-#define FLOW_COLON_RETRIES	64
-
 static void
 restore_flow_colons(char *value)
 {
@@ -343,6 +349,21 @@ restore_flow_colons(char *value)
 			*w++ = *r++;
 	}
 	*w = '\0';
+}
+
+/* The ':' replaced at the start of this plain scalar, if it was one (a
+ * U+E000 the file itself has stays). */
+static void
+restore_flow_colon(const struct loader *ld, char *value, const yaml_mark_t *m)
+{
+	for (unsigned i = 0; i < ld->ncolons; i++)
+		if (ld->colon_at[i].line == m->line &&
+		    ld->colon_at[i].column == m->column) {
+			value[0] = ':';
+			memmove(value + 1, value + FLOW_COLON_LEN,
+			    strlen(value + FLOW_COLON_LEN) + 1);
+			return;
+		}
 }
 
 /* The whole policy file, as libyaml reads it. */
@@ -394,24 +415,23 @@ mark_offset(const struct source *src, size_t line, size_t col)
 	return i;
 }
 
-/* Line `line` of the file into buf, without its break and with any flow
- * colon as written; -1 if it is missing or too long. */
-static int
-source_line(const struct source *src, size_t line, char *buf, size_t size)
+/* Line `line` of the file, without its break and with any flow colon as
+ * written (the caller frees it); NULL if it is missing. */
+static char *
+source_line(const struct source *src, size_t line)
 {
 	long i = line_start(src, line);
 	size_t n = 0;
+	char *text;
 
 	if (i < 0)
-		return -1;
-	for (; (size_t)i < src->len && src->buf[i] != '\n' && src->buf[i] != '\r'; i++) {
-		if (n + 1 >= size)
-			return -1;
-		buf[n++] = src->buf[i];
-	}
-	buf[n] = '\0';
-	restore_flow_colons(buf);
-	return 0;
+		return NULL;
+	while ((size_t)i + n < src->len && src->buf[i + (long)n] != '\n' &&
+	    src->buf[i + (long)n] != '\r')
+		n++;
+	text = xstrndup(src->buf + i, n);
+	restore_flow_colons(text);
+	return text;
 }
 
 /* A reader error (a byte that is not UTF-8, a control character) has only
@@ -525,13 +545,17 @@ stopped_on_ipv6(const struct source *src, const struct yaml_failure *parser)
 {
 	const yaml_mark_t *m = parser->problem ? &parser->problem_mark :
 	    &parser->context_mark;
-	char text[1024];
+	char *text;
+	int yes;
 
-	return (parser->error == YAML_SCANNER_ERROR ||
-	    parser->error == YAML_PARSER_ERROR) &&
-	    parser->encoding == YAML_UTF8_ENCODING &&
-	    source_line(src, m->line, text, sizeof(text)) == 0 &&
-	    looks_like_bare_ipv6(text, m->column);
+	if ((parser->error != YAML_SCANNER_ERROR &&
+	    parser->error != YAML_PARSER_ERROR) ||
+	    parser->encoding != YAML_UTF8_ENCODING ||
+	    (text = source_line(src, m->line)) == NULL)
+		return 0;
+	yes = looks_like_bare_ipv6(text, m->column);
+	free(text);
+	return yes;
 }
 
 /* When the parser stopped on a plain scalar that starts with ':' in a flow
@@ -552,7 +576,8 @@ replace_flow_colon(struct loader *ld, struct source *src,
 	    src->len - (size_t)at - 1);
 	memcpy(src->buf + at, FLOW_COLON, FLOW_COLON_LEN);
 	src->len += FLOW_COLON_LEN - 1;
-	ld->flow_colons = 1;
+	ld->colon_at[ld->ncolons].line = m->line;
+	ld->colon_at[ld->ncolons++].column = m->column;
 	return 0;
 }
 
@@ -694,7 +719,8 @@ yaml_load_file(struct loader *ld, FILE *fp)
 			first[tries] = f;
 			continue;		/* parse again, past that colon */
 		}
-		for (int k = 0; k < tries; k++)
+		/* still stopped on the address, further on its line */
+		for (int k = 0; k < tries && stopped_on_ipv6(&src, &f); k++)
 			if (first[k].problem_mark.line == f.problem_mark.line) {
 				f = first[k];
 				break;
@@ -1707,6 +1733,107 @@ on_route_name(struct loader *ld, const struct node *nd, const char *key, void *t
 }
 
 static int
+hex_byte(const char *two)
+{
+	int v = 0;
+
+	for (int i = 0; i < 2; i++)
+		v = v * 16 + (isdigit((unsigned char)two[i]) ? two[i] - '0' :
+		    tolower((unsigned char)two[i]) - 'a' + 10);
+	return v;
+}
+
+/*
+ * "//" and whole "." and ".." segments are gone from every normalized
+ * request path, so a match value with one can never match. A prefix's
+ * last segment may be partial: "/." starts "/.env", "/static/.." starts
+ * "/static/..foo".
+ */
+static int
+has_dead_segment(const char *path, int whole_last)
+{
+	const char *seg = path + 1;
+
+	for (;;) {
+		const char *slash = strchr(seg, '/');
+		size_t len = slash ? (size_t)(slash - seg) : strlen(seg);
+		int dots = (len == 1 && seg[0] == '.') ||
+		    (len == 2 && seg[0] == '.' && seg[1] == '.');
+
+		if (slash == NULL)
+			return whole_last && dots;
+		if (len == 0 || dots)
+			return 1;
+		seg = slash + 1;
+	}
+}
+
+/* The form to write: normalized, a prefix's partial last segment only
+ * percent-decoded. */
+static char *
+suggested_path(const char *path, enum path_match kind)
+{
+	size_t size = strlen(path) + 2;
+	const char *last = strrchr(path, '/'), *query;
+	char *out = xmalloc(size);
+
+	if (kind == PATH_EXACT || last[1] == '\0') {
+		policy_normalize_uri(path, out, size, &query);
+		return out;
+	}
+	{
+		char *head = xstrndup(path, (size_t)(last - path) + 1);
+		size_t o;
+
+		policy_normalize_uri(head, out, size, &query);
+		free(head);
+		o = strlen(out);
+		for (const char *p = last + 1; *p && *p != '?' && *p != '#'; p++) {
+			int c = *p;
+
+			if (c == '%' && isxdigit((unsigned char)p[1]) &&
+			    isxdigit((unsigned char)p[2]) &&
+			    (c = hex_byte(p + 1)) != 0)
+				p += 2;
+			else
+				c = *p;		/* %00 stays, as for requests */
+			out[o++] = (char)c;
+		}
+		out[o] = '\0';
+	}
+	return out;
+}
+
+/* A path or prefix that no request can match is an error; one that only a
+ * request encoding it twice can match (a percent-escape, ? or #: requests
+ * are matched percent-decoded, without their query) is a warning. */
+static int
+check_match_path(struct loader *ld, const struct node *nd, const char *key,
+    const char *path, enum path_match kind)
+{
+	char *suggest;
+	int encoded = strpbrk(path, "?#") != NULL;
+
+	for (const char *p = strchr(path, '%'); p && !encoded; p = strchr(p + 1, '%'))
+		encoded = isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2]) &&
+		    !(p[1] == '0' && p[2] == '0');
+	if (!has_dead_segment(path, kind == PATH_EXACT) && !encoded)
+		return 0;
+	suggest = suggested_path(path, kind);
+	if (has_dead_segment(path, kind == PATH_EXACT))
+		node_error(ld, nd, "%s: \"%s\" can never match: requests are matched "
+		    "on their normalized path (// merged, . and .. segments "
+		    "resolved); write \"%s\"", key, echo(ld, path), echo(ld, suggest));
+	else
+		warnf(ld, nd, "%s: \"%s\" matches only a request that encodes it "
+		    "twice: requests are matched percent-decoded and without their "
+		    "query; did you mean \"%s\"?", key, echo(ld, path),
+		    echo(ld, suggest));
+	free(suggest);
+	return has_dead_segment(path, kind == PATH_EXACT) ? -1 : 0;
+}
+
+static int
 set_path(struct loader *ld, const struct node *nd, const char *key,
     struct route_draft *d, enum path_match kind)
 {
@@ -1722,30 +1849,9 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
 		    echo(ld, d->r.path));
 		return -1;
 	}
-	if (kind != PATH_REGEX && strpbrk(d->r.path, "?#")) {
-		node_error(ld, nd, "%s: \"%s\" can never match: routes match the "
-		    "path without its query (a query value can be the key, "
-		    "query:NAME)", key, echo(ld, d->r.path));
+	if (kind != PATH_REGEX && check_match_path(ld, nd, key, d->r.path,
+	    kind) == -1)
 		return -1;
-	}
-	if (kind != PATH_REGEX) {
-		/* Requests are matched on their normalized path: a value that
-		 * normalization would change matches none of them. */
-		size_t size = strlen(d->r.path) + 2;
-		char *norm = xmalloc(size);
-		const char *query;
-		int differs;
-
-		policy_normalize_uri(d->r.path, norm, size, &query);
-		if ((differs = strcmp(norm, d->r.path) != 0))
-			node_error(ld, nd, "%s: \"%s\" can never match: requests are "
-			    "matched on their normalized path (percent-escapes "
-			    "decoded, // merged, . and .. resolved); write \"%s\"",
-			    key, echo(ld, d->r.path), echo(ld, norm));
-		free(norm);
-		if (differs)
-			return -1;
-	}
 	if (kind == PATH_REGEX && strlen(d->r.path) > REGEX_MAX_LEN) {
 		/* glibc's regcomp takes memory that grows with the square of
 		 * the pattern: 6 GB for 120 KB of "(a|b)*", in the process that
@@ -2024,9 +2130,11 @@ on_override_keys(struct loader *ld, const struct node *nd, const char *key, void
 	return bad ? -1 : 0;
 }
 
-/* A client key of an override, where it was written. */
+/* A client key of an override, where it was written, and what it is
+ * compared as (an address on a route keyed by ip: its canonical form). */
 struct override_key_at {
 	const char		*key;
+	char			*as;
 	const struct node	*nd;
 };
 
@@ -2034,7 +2142,7 @@ static int
 override_key_cmp(const void *a, const void *b)
 {
 	const struct override_key_at *x = a, *y = b;
-	int c = strcmp(x->key, y->key);
+	int c = strcmp(x->as, y->as);
 
 	if (c == 0)
 		c = x->nd->line != y->nd->line ? x->nd->line - y->nd->line :
@@ -2042,48 +2150,66 @@ override_key_cmp(const void *a, const void *b)
 	return c;
 }
 
-/* A key listed twice: only its first override would ever apply. */
-static int
-check_override_keys_unique(struct loader *ld, const struct route *r,
-    const struct node *overrides_nd)
+/* The value of a mapping's key, or NULL. */
+static const struct node *
+mapping_get(const struct node *map, const char *name)
 {
+	for (size_t j = 0; map->type == NODE_MAPPING && j + 1 < map->nitems; j += 2)
+		if (map->items[j]->type == NODE_SCALAR &&
+		    strcmp(map->items[j]->value, name) == 0)
+			return map->items[j + 1];
+	return NULL;
+}
+
+/* A key listed twice in a route's overrides (or an address spelled twice,
+ * "::1" and "0:0:0:0:0:0:0:1", on a route keyed by ip): only its first
+ * override would ever apply. Run once the route was read without errors,
+ * so its nodes and its overrides are in step. */
+static void
+check_override_keys_unique(struct loader *ld, const struct route *r,
+    const struct node *route_nd)
+{
+	const struct node *overrides_nd = mapping_get(route_nd, "overrides");
 	struct override_key_at *all;
 	size_t n = 0, k = 0;
-	int bad = 0;
+	int by_ip = 0;
 
+	for (size_t i = 0; i < r->nkeys; i++)
+		by_ip |= r->keys[i].type == KEY_IP;
 	for (size_t i = 0; i < r->noverrides; i++)
 		n += r->overrides[i].nkeys;
-	if (n < 2)
-		return 0;
+	if (n < 2 || overrides_nd == NULL)
+		return;
 	all = xcalloc(n, sizeof(*all));
-	/* overrides_nd's items and the keys kept are in step: this runs only
-	 * when every override was read without an error */
 	for (size_t i = 0; i < r->noverrides; i++) {
-		const struct node *keys_nd = NULL, *o_nd = overrides_nd->items[i];
+		const struct node *keys_nd = mapping_get(overrides_nd->items[i], "keys");
 
-		for (size_t j = 0; j + 1 < o_nd->nitems; j += 2)
-			if (strcmp(o_nd->items[j]->value, "keys") == 0)
-				keys_nd = o_nd->items[j + 1];
 		for (size_t j = 0; j < r->overrides[i].nkeys; j++) {
-			all[k].key = r->overrides[i].keys[j];
+			const char *key = r->overrides[i].keys[j];
+			char canon[64];
+
+			all[k].key = key;
+			all[k].as = xstrdup(by_ip && policy_canonical_ip(key, strlen(key),
+			    canon, sizeof(canon)) == 0 ? canon : key);
 			all[k++].nd = keys_nd->items[j];
 		}
 	}
 	qsort(all, n, sizeof(*all), override_key_cmp);
 	for (size_t i = 1; i < n; i++)
-		if (strcmp(all[i].key, all[i - 1].key) == 0) {
+		if (strcmp(all[i].as, all[i - 1].as) == 0) {
 			size_t first = i - 1;
 
-			while (first > 0 && strcmp(all[first - 1].key, all[i].key) == 0)
+			while (first > 0 && strcmp(all[first - 1].as, all[i].as) == 0)
 				first--;
 			node_error(ld, all[i].nd, "overrides: client key \"%s\" is "
-			    "already listed at %d:%d; only its first override "
+			    "already listed at %d:%d%s; only its first override "
 			    "would apply", echo(ld, all[i].key), all[first].nd->line,
-			    all[first].nd->col);
-			bad = 1;
+			    all[first].nd->col, strcmp(all[i].key, all[first].key) ?
+			    " (the same address)" : "");
 		}
+	for (size_t i = 0; i < n; i++)
+		free(all[i].as);
 	free(all);
-	return bad ? -1 : 0;
 }
 
 static int
@@ -2158,8 +2284,6 @@ on_route_overrides(struct loader *ld, const struct node *nd, const char *key, vo
 		od.o.set.unlimited = od.unlimited;
 		d->r.overrides[d->r.noverrides++] = od.o;
 	}
-	if (!bad)
-		bad = check_override_keys_unique(ld, &d->r, nd) == -1;
 	return bad ? -1 : 0;
 }
 
@@ -2271,6 +2395,8 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 			d.r.keys[0].type = KEY_IP;
 			d.r.nkeys = 1;
 		}
+		if (ld->errors->n == nerr)
+			check_override_keys_unique(ld, &d.r, d.node);
 		for (size_t j = 0; d.r.name && j < nnames; j++)
 			if (strcmp(names[j], d.r.name) == 0)
 				node_error(ld, d.name_nd, "route: duplicate route name "

@@ -323,8 +323,9 @@ policy_client_key(const struct route *route, const struct check_input *in,
 			*keylen = 1;
 			return POLICY_KEY_GLOBAL;
 		case KEY_HEADER:
-			v = in->header(in->header_ctx, ks->name, 0);
-			if (v) {
+			/* the first line with a value: an empty one is absent */
+			for (unsigned nth = 0; (v = in->header(in->header_ctx,
+			    ks->name, nth)) != NULL; nth++) {
 				size_t l;
 
 				while (*v == ' ' || *v == '\t')
@@ -504,14 +505,13 @@ policy_client_ip(const struct config *config, const char *peer,
 		if (!trusted(config, family, addr))
 			goto done;
 	}
-	if (forwarded_for && *forwarded_for) {
+	/* A list of empty elements only ("X-Forwarded-For: ,") is no list */
+	if (forwarded_for && forwarded_for[strspn(forwarded_for, " \t,")] != '\0') {
 		const char *end = forwarded_for + strlen(forwarded_for);
 
 		/* Right to left: the first hop we do not trust is the client. */
 		while (end > forwarded_for) {
-			const char *start = end;
-
-			const char *p;
+			const char *start = end, *p;
 
 			while (start > forwarded_for && start[-1] != ',')
 				start--;

@@ -126,6 +126,11 @@ def test_describe_form_reads_its_headers_as_check_does(start_daemon):
     v = vcheck(d, {"headers": {"X-Original-URI": "/", "X-Original-Method": "POST"}}).json()
     assert v["route"] == "posts"
     assert vcheck(d, {"ip": "192.0.2.1"}).json() == {"allowed": True, "route": None}
+    # one name twice, in two cases: which would count? (/check: two Host lines, 400)
+    r = vcheck(d, {"path": "/api/x", "headers": {"Host": "other", "host": "api.example.com"}})
+    assert r.status_code == 400 and r.json() == {
+        "error": 'field "headers" names "Host" twice (header names are case-insensitive)'}, \
+        r.text
     assert vcheck(d, {"method": "POST", "ip": "192.0.2.1"}).json()["route"] == "posts"
 
 

@@ -392,6 +392,8 @@ def test_query_names_decoded_and_empty_values_skipped(start_daemon, redis_server
     # gateway passing its cookie fields on as they came)
     ("/check/ck/x", b"Cookie: a=1\r\nCookie: sid=\r\nCookie: sid=s7\r\n",
      rkey("ck", "s7", "q", "fixed_window")),
+    # a header key: the first line with a value
+    ("/check/hdr/x", b"X-Api-Key:\r\nX-Api-Key: k2\r\n", rkey("hdr", "k2", "q", "fixed_window")),
 ])
 def test_header_sent_on_several_lines(start_daemon, redis_server, path, lines, key):
     from helpers import raw_http, status_of

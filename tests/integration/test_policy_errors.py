@@ -727,14 +727,13 @@ def test_missing_routes_comes_first(tmp_path):
 # (an audit found each loaded by -t and then never applied)
 
 @pytest.mark.parametrize("match,col,says", [
-    ('{ path: "/q?x=1" }', 20, 'path: "/q?x=1" can never match: routes match the path '
-                               'without its query'),
-    ("{ prefix: /a#frag }", 22, "can never match"),
-    ("{ path: /a/../b }", 20, 'write "/b"'),
+    ("{ path: /a/../b }", 20, 'path: "/a/../b" can never match: requests are matched on '
+                              'their normalized path (// merged, . and .. segments '
+                              'resolved); write "/b"'),
     ("{ path: /a//b }", 20, 'write "/a/b"'),
+    ("{ path: /a/. }", 20, 'write "/a/"'),
     ("{ prefix: /x/./y/ }", 22, 'write "/x/y/"'),
-    ('{ path: "/a%2Fb" }', 20, 'write "/a/b"'),
-    ('{ prefix: "/%7Euser/" }', 22, 'write "/~user/"'),
+    ("{ prefix: /x//y }", 22, 'write "/x/y"'),
     ('{ prefix: /, host: "" }', 31, 'host: empty; leave "host" out to match every host'),
     ("{ prefix: /, methods: [] }", 34, 'methods: an empty list; leave "methods" out'),
     ('{ regex: "%s" }' % ("(a|b)*" * 700), 21, "regex: 4200 bytes long; at most 4096"),
@@ -746,15 +745,30 @@ def test_match_that_can_never_match_is_an_error(tmp_path, match, col, says):
     assert len(errs) == 1 and errs[0][:2] == (3, col) and says in errs[0][2], errs
 
 
-@pytest.mark.parametrize("match", [
-    "{ path: /100% }", "{ prefix: /a/b/ }", '{ path: "/%00" }', "{ path: /caf\u00e9 }",
-    '{ regex: "%s" }' % ("(a|b)*" * 680),
+@pytest.mark.parametrize("match,warned", [
+    ("{ path: /100% }", None), ("{ prefix: /a/b/ }", None), ('{ path: "/%00" }', None),
+    ("{ path: /caf\u00e9 }", None), ('{ regex: "%s" }' % ("(a|b)*" * 680), None),
+    # a prefix's last segment may be partial: dotfiles, "/static/..foo"
+    ('{ prefix: "/." }', None), ("{ prefix: /static/.. }", None),
+    # only a request that encodes it twice can match these: a warning
+    ('{ path: "/q?x=1" }', 'did you mean "/q"?'),
+    ('{ prefix: "/tags/#" }', 'did you mean "/tags/"?'),
+    ("{ path: /x/%41 }", 'path: "/x/%41" matches only a request that encodes it twice: '
+                         'requests are matched percent-decoded and without their query; '
+                         'did you mean "/x/A"?'),
+    ('{ prefix: "/a%2Fb/%2e" }', 'did you mean "/a/b/."?'),
 ])
-def test_match_in_normal_form_loads(tmp_path, match):
+def test_match_value_that_loads(tmp_path, match, warned):
     text = one_route(["{ algorithm: fixed_window, limit: 1, window: 1m }"]).replace(
         "{ prefix: / }", match)
-    p = validate(write(tmp_path, text.splitlines()))
+    path = write(tmp_path, text.splitlines())
+    p = validate(path)
     assert p.returncode == 0, p.stderr.decode()
+    err = p.stderr.decode()
+    if warned is None:
+        assert err == "", err
+    else:
+        assert err.startswith(path + ":3:") and ": warning: " in err and warned in err, err
 
 
 def test_override_key_listed_twice_is_an_error(tmp_path):
@@ -773,6 +787,12 @@ def test_override_key_listed_twice_is_an_error(tmp_path):
                  'override would apply'),
         (10, 21, 'overrides: client key "b" is already listed at 8:21; only its first '
                  'override would apply')], errs
+    # on a route keyed by ip, two spellings of one address are one client
+    errs = bad_text(tmp_path, text.replace("header:K", "ip").replace(
+        "[b, b]", '["::1", "0:0:0:0:0:0:0:1"]').replace("[c, a]", "[c]"))
+    assert errs == [(10, 25, 'overrides: client key "0:0:0:0:0:0:0:1" is already listed '
+                             'at 10:18 (the same address); only its first override would '
+                             'apply')], errs
     errs = bad_text(tmp_path, text.replace("[b, b]", '[""]'))
     assert errs == [(10, 18, "keys: an empty key matches no client (an empty value is "
                              "no key)")], errs
@@ -840,3 +860,28 @@ def test_long_leaky_bucket_hold_is_a_warning(tmp_path):
         "%s:5:9: warning: leaky_bucket with delay: true holds the last of a burst 7200.0s "
         "before it answers; the gateway's timeout for the check must be longer "
         "(conf/nginx.conf waits 5s), or use delay: false" % path]
+
+
+def test_bare_ipv6_on_a_long_line_and_an_unrelated_error_after_it(tmp_path):
+    """From a review of the flow-colon step: a line over 1 KB was not read
+    for it, and an error later on the line was reported at the address."""
+    cidrs = ", ".join("10.%d.0.0/16" % i for i in range(80))
+    p = validate(write(tmp_path, variant({8: "trusted_proxies: [%s, ::1/128]" % cidrs})))
+    assert p.returncode == 0, p.stderr.decode()
+    errs = run_bad(write(tmp_path, variant({8: "trusted_proxies: [::1/128, 10.0.0.1}"})))
+    assert errs == [(8, 36, "YAML syntax error: did not find expected ',' or ']' while "
+                            "parsing a flow sequence")], errs
+
+
+def test_private_use_character_of_the_file_stays(start_daemon):
+    """The loader's stand-in for a ':' is U+E000: one the file has itself
+    is left alone, in a quoted value as in a plain one."""
+    import requests
+    from helpers import policy
+    d = start_daemon(policy("  - name: r\n    match: {prefix: /}\n    key: header:K\n"
+                            "    limits: [{algorithm: fixed_window, limit: 5, window: 1m}]\n"
+                            '    overrides: [{keys: ["a\ue000", b\ue000], unlimited: true}]\n',
+                            top="trusted_proxies: [::1/128]\n"))
+    v = requests.get(d.url("/v1/policy"), timeout=5).json()
+    assert v["routes"][0]["overrides"][0]["keys"] == ["a\ue000", "b\ue000"], v
+    assert v["trusted_proxies"] == ["::1/128"], v

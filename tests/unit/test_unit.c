@@ -462,6 +462,8 @@ test_client_ip(void)
 	CHECK_STR(ip, "203.0.113.6");
 	policy_client_ip(c, "127.0.0.1", " , ", NULL, ip, sizeof(ip));
 	CHECK_STR(ip, "127.0.0.1");
+	policy_client_ip(c, "127.0.0.1", ",", "198.51.100.9", ip, sizeof(ip));
+	CHECK_STR(ip, "198.51.100.9");		/* no list: X-Real-IP */
 	policy_client_ip(c, "127.0.0.1", "2001:DB8::1", NULL, ip, sizeof(ip));
 	CHECK_STR(ip, "2001:db8::1");
 	policy_client_ip(c, "::ffff:127.0.0.1", "203.0.113.5", NULL, ip, sizeof(ip));
