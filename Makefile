@@ -106,9 +106,11 @@ test: deps-test
 	$(MAKE) asan
 	$(MAKE) fuzz FUZZ_SECONDS=20
 
+# POLICY=conf/nginx-policy.yaml for the nginx recipe (deny_status 403)
+POLICY ?= conf/ratelimitd.yaml
 run: deps
 	$(MAKE) all
-	sh scripts/run.sh conf/ratelimitd.yaml
+	sh scripts/run.sh $(POLICY)
 
 bench: deps-test
 	bash scripts/bench.sh

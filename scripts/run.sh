@@ -26,7 +26,15 @@ unix:*) ;;
 		done
 	fi ;;
 esac
-cleanup() { [ -n "$redis_pid" ] && kill "$redis_pid" 2>/dev/null; true; }
+# Only the redis-server this script started, if it still runs: under set -e
+# a failed kill as the last command of an && list would end the script with
+# 1, and a PID of a Redis gone since may belong to another process by now.
+cleanup() {
+	if [ -n "$redis_pid" ] &&
+	    [ "$(cat /proc/"$redis_pid"/comm 2>/dev/null)" = redis-server ]; then
+		kill "$redis_pid" 2>/dev/null || true
+	fi
+}
 trap cleanup EXIT INT TERM
 echo "run: build/ratelimitd -c $policy (Ctrl-C stops it)"
 build/ratelimitd -c "$policy" &

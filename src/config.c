@@ -1804,6 +1804,29 @@ suggested_path(const char *path, enum path_match kind)
 	return out;
 }
 
+/* `s` as it can be pasted back into the file: valid UTF-8 as it is ("/café",
+ * not "/caf\xc3\xa9", which a double-quoted YAML string reads as two
+ * other characters), anything else escaped as echo() does. */
+static const char *
+echo_pastable(struct loader *ld, const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+
+	while (*p) {
+		size_t n = *p < 0x80 ? 1 : (*p & 0xe0) == 0xc0 ? 2 :
+		    (*p & 0xf0) == 0xe0 ? 3 : (*p & 0xf8) == 0xf0 ? 4 : 0;
+
+		if (n == 0 || (n == 1 && (*p < 0x20 || *p == 0x7f || *p == '"' ||
+		    *p == '\\')) || (n == 2 && *p < 0xc2))
+			return echo(ld, s);
+		for (size_t i = 1; i < n; i++)
+			if ((p[i] & 0xc0) != 0x80)
+				return echo(ld, s);
+		p += n;
+	}
+	return s;
+}
+
 /* A path or prefix that no request can match is an error; one that only a
  * request encoding it twice can match (a percent-escape, ? or #: requests
  * are matched percent-decoded, without their query) is a warning. */
@@ -1823,12 +1846,13 @@ check_match_path(struct loader *ld, const struct node *nd, const char *key,
 	if (has_dead_segment(path, kind == PATH_EXACT))
 		node_error(ld, nd, "%s: \"%s\" can never match: requests are matched "
 		    "on their normalized path (// merged, . and .. segments "
-		    "resolved); write \"%s\"", key, echo(ld, path), echo(ld, suggest));
+		    "resolved); write \"%s\"", key, echo(ld, path),
+		    echo_pastable(ld, suggest));
 	else
 		warnf(ld, nd, "%s: \"%s\" matches only a request that encodes it "
 		    "twice: requests are matched percent-decoded and without their "
 		    "query; did you mean \"%s\"?", key, echo(ld, path),
-		    echo(ld, suggest));
+		    echo_pastable(ld, suggest));
 	free(suggest);
 	return has_dead_segment(path, kind == PATH_EXACT) ? -1 : 0;
 }

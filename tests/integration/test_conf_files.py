@@ -25,6 +25,59 @@ def test_nginx_policy_validates_and_denies_with_403():
         assert "deny_status: 403" in f.read()
 
 
+def test_readme_validation_example_is_what_the_binary_prints():
+    """The README's `-t` example, run from the repository root on the file
+    it names, prints exactly the lines the README shows."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    block = readme[readme.index("$ build/ratelimitd -t -c conf/examples/bad.yaml\n"):]
+    shown = block[block.index("\n") + 1:block.index("```")]
+    r = subprocess.run([BIN, "-t", "-c", "conf/examples/bad.yaml"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == shown, (r.stderr, shown)
+
+
+def test_make_run_survives_its_redis_going_first(tmp_path):
+    """scripts/run.sh stops the redis-server it started; one that is gone
+    already (stopped by hand) must not turn a clean exit into exit 1."""
+    import signal
+    import socket
+    import time
+    from conftest import free_port, wait_until
+    port, rport = free_port(), free_port()
+    pol = tmp_path / "p.yaml"
+    pol.write_text("server:\n  listen: 127.0.0.1:%d\nredis:\n  address: 127.0.0.1:%d\n"
+                   "routes: []\n" % (port, rport))
+    p = subprocess.Popen(["sh", "scripts/run.sh", str(pol)], cwd=ROOT, start_new_session=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    redis_pid = None
+    try:
+        def up():
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        assert wait_until(up, timeout=10)
+        redis_pid = int(subprocess.run(["pgrep", "-f", "redis-server 127.0.0.1:%d" % rport],
+                                       capture_output=True, text=True).stdout.split()[0])
+        os.kill(redis_pid, signal.SIGKILL)
+        time.sleep(0.2)
+        os.killpg(p.pid, signal.SIGINT)
+        assert p.wait(15) == 0, p.stdout.read().decode()
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)    # its trap stops its Redis
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        if redis_pid is not None:   # in its own session: not in p's group
+            try:
+                os.kill(redis_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def _run(path):
     return subprocess.run([BIN, "-t", "-c", path], capture_output=True, text=True, timeout=10)
 

@@ -757,6 +757,9 @@ def test_match_that_can_never_match_is_an_error(tmp_path, match, col, says):
                          'requests are matched percent-decoded and without their query; '
                          'did you mean "/x/A"?'),
     ('{ prefix: "/a%2Fb/%2e" }', 'did you mean "/a/b/."?'),
+    # UTF-8 as it can be pasted back: "\xc3\xa9" in double quotes is two
+    # other characters
+    ('{ path: "/caf%C3%A9" }', 'did you mean "/caf\u00e9"?'),
 ])
 def test_match_value_that_loads(tmp_path, match, warned):
     text = one_route(["{ algorithm: fixed_window, limit: 1, window: 1m }"]).replace(
