@@ -135,6 +135,8 @@ check_release(struct check *ck)
 	w->w_nfree_checks++;
 }
 
+static void log_redis_errors_held(struct worker *);
+
 void
 check_pool_free(struct worker *w)
 {
@@ -146,6 +148,11 @@ check_pool_free(struct worker *w)
 		event_free(ck->ck_timer);
 		free(ck);
 	}
+	if (w->w_error_flush_ev) {
+		event_free(w->w_error_flush_ev);
+		w->w_error_flush_ev = NULL;
+	}
+	log_redis_errors_held(w);	/* a count held at shutdown */
 }
 
 static const char *
@@ -363,24 +370,51 @@ check_on_timer(evutil_socket_t fd, short what, void *arg)
  * A Redis error reply (OOM under maxmemory, READONLY after a failover)
  * fails every check alike, tens of thousands a second: one line a second
  * per worker, saying how many it stands for. The metrics count them all.
+ * The errors held back are told by the next line, or by a timer a second
+ * after the last line, so the count of a burst that ends is not lost.
  */
+static void
+log_redis_errors_held(struct worker *w)
+{
+	if (w->w_errors_unlogged > 1)
+		log_warnx("redis error on %s (and %llu more Redis errors since "
+		    "the last line like this)", w->w_error_last,
+		    w->w_errors_unlogged - 1);
+	else if (w->w_errors_unlogged == 1)
+		log_warnx("redis error on %s", w->w_error_last);
+	w->w_error_logged_us = mono_us();
+	w->w_errors_unlogged = 0;
+}
+
+static void
+on_redis_errors_flush(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	log_redis_errors_held(arg);
+}
+
 static void
 log_redis_error(struct worker *w, const char *route, const char *error)
 {
 	long long now = mono_us();
 
+	snprintf(w->w_error_last, sizeof(w->w_error_last), "route %s: %s", route,
+	    error);
+	w->w_errors_unlogged++;
 	if (w->w_error_logged_us != 0 && now - w->w_error_logged_us < 1000000) {
-		w->w_errors_unlogged++;
+		struct timeval tv = tv_us(w->w_error_logged_us + 1000000 - now);
+
+		if (w->w_error_flush_ev == NULL)
+			w->w_error_flush_ev = evtimer_new(w->w_base,
+			    on_redis_errors_flush, w);
+		if (!evtimer_pending(w->w_error_flush_ev, NULL))
+			evtimer_add(w->w_error_flush_ev, &tv);
 		return;
 	}
-	if (w->w_errors_unlogged > 0)
-		log_warnx("redis error on route %s: %s (and %llu more Redis errors "
-		    "since the last line like this)", route, error,
-		    w->w_errors_unlogged);
-	else
-		log_warnx("redis error on route %s: %s", route, error);
-	w->w_error_logged_us = now;
-	w->w_errors_unlogged = 0;
+	if (w->w_error_flush_ev)
+		evtimer_del(w->w_error_flush_ev);
+	log_redis_errors_held(w);
 }
 
 static void

@@ -41,6 +41,8 @@ struct worker {
 
 	long long		 w_error_logged_us; /* see log_redis_error */
 	unsigned long long	 w_errors_unlogged;
+	struct event		*w_error_flush_ev;  /* made on first use */
+	char			 w_error_last[256]; /* "route R: error" */
 };
 
 struct worker *worker_new(int id, int listen_fd, struct config *config);
