@@ -372,6 +372,13 @@ struct source {
 	size_t	 len;
 };
 
+/* The UTF-8 byte order mark libyaml drops before it counts columns. */
+static size_t
+bom_len(const struct source *src)
+{
+	return src->len >= 3 && memcmp(src->buf, "\xef\xbb\xbf", 3) == 0 ? 3 : 0;
+}
+
 /* Byte offset of the start of line `line` (0-based, as libyaml counts:
  * \n, \r\n or \r ends one), or -1 past the end. */
 static long
@@ -391,10 +398,7 @@ line_start(const struct source *src, size_t line)
 	}
 	if (cur < line)
 		return -1;
-	/* libyaml drops a byte order mark before it counts columns */
-	if (i == 0 && src->len >= 3 && memcmp(src->buf, "\xef\xbb\xbf", 3) == 0)
-		i = 3;
-	return (long)i;
+	return (long)(i == 0 ? bom_len(src) : i);
 }
 
 /* Byte offset of character column `col` of line `line`, or -1. */
@@ -439,13 +443,9 @@ source_line(const struct source *src, size_t line)
 static void
 offset_position(const struct source *src, size_t offset, int *line, int *col)
 {
-	size_t i = 0;
-
 	*line = 1;
 	*col = 1;
-	if (src->len >= 3 && memcmp(src->buf, "\xef\xbb\xbf", 3) == 0)
-		i = 3;
-	for (; i < offset && i < src->len; i++) {
+	for (size_t i = bom_len(src); i < offset && i < src->len; i++) {
 		char ch = src->buf[i];
 
 		if (ch == '\n' || (ch == '\r' && (i + 1 >= src->len ||
@@ -1732,17 +1732,6 @@ on_route_name(struct loader *ld, const struct node *nd, const char *key, void *t
 	return 0;
 }
 
-static int
-hex_byte(const char *two)
-{
-	int v = 0;
-
-	for (int i = 0; i < 2; i++)
-		v = v * 16 + (isdigit((unsigned char)two[i]) ? two[i] - '0' :
-		    tolower((unsigned char)two[i]) - 'a' + 10);
-	return v;
-}
-
 /*
  * "//" and whole "." and ".." segments are gone from every normalized
  * request path, so a match value with one can never match. A prefix's
@@ -1768,39 +1757,24 @@ has_dead_segment(const char *path, int whole_last)
 	}
 }
 
-/* The form to write: normalized, a prefix's partial last segment only
- * percent-decoded. */
+/* The form to write: as requests are normalized, with no query. A
+ * prefix's last segment may be partial, so it is normalized with a
+ * sentinel letter after it that no "." or ".." resolution can take away,
+ * and the letter is dropped again. */
 static char *
 suggested_path(const char *path, enum path_match kind)
 {
-	size_t size = strlen(path) + 2;
-	const char *last = strrchr(path, '/'), *query;
-	char *out = xmalloc(size);
+	size_t n = strcspn(path, "?#");
+	char *probe = xmalloc(n + 2), *out = xmalloc(n + 3);
+	const char *query;
 
-	if (kind == PATH_EXACT || last[1] == '\0') {
-		policy_normalize_uri(path, out, size, &query);
-		return out;
-	}
-	{
-		char *head = xstrndup(path, (size_t)(last - path) + 1);
-		size_t o;
-
-		policy_normalize_uri(head, out, size, &query);
-		free(head);
-		o = strlen(out);
-		for (const char *p = last + 1; *p && *p != '?' && *p != '#'; p++) {
-			int c = *p;
-
-			if (c == '%' && isxdigit((unsigned char)p[1]) &&
-			    isxdigit((unsigned char)p[2]) &&
-			    (c = hex_byte(p + 1)) != 0)
-				p += 2;
-			else
-				c = *p;		/* %00 stays, as for requests */
-			out[o++] = (char)c;
-		}
-		out[o] = '\0';
-	}
+	memcpy(probe, path, n);
+	probe[n] = kind == PATH_PREFIX ? 'x' : '\0';
+	probe[n + 1] = '\0';
+	policy_normalize_uri(probe, out, n + 3, &query);
+	if (kind == PATH_PREFIX)
+		out[strlen(out) - 1] = '\0';
+	free(probe);
 	return out;
 }
 
@@ -1835,15 +1809,16 @@ check_match_path(struct loader *ld, const struct node *nd, const char *key,
     const char *path, enum path_match kind)
 {
 	char *suggest;
+	int dead = has_dead_segment(path, kind == PATH_EXACT);
 	int encoded = strpbrk(path, "?#") != NULL;
 
 	for (const char *p = strchr(path, '%'); p && !encoded; p = strchr(p + 1, '%'))
 		encoded = isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2]) &&
 		    !(p[1] == '0' && p[2] == '0');
-	if (!has_dead_segment(path, kind == PATH_EXACT) && !encoded)
+	if (!dead && !encoded)
 		return 0;
 	suggest = suggested_path(path, kind);
-	if (has_dead_segment(path, kind == PATH_EXACT))
+	if (dead)
 		node_error(ld, nd, "%s: \"%s\" can never match: requests are matched "
 		    "on their normalized path (// merged, . and .. segments "
 		    "resolved); write \"%s\"", key, echo(ld, path),
@@ -1854,7 +1829,7 @@ check_match_path(struct loader *ld, const struct node *nd, const char *key,
 		    "query; did you mean \"%s\"?", key, echo(ld, path),
 		    echo_pastable(ld, suggest));
 	free(suggest);
-	return has_dead_segment(path, kind == PATH_EXACT) ? -1 : 0;
+	return dead ? -1 : 0;
 }
 
 static int

@@ -372,6 +372,7 @@ static int
 parse_head(struct http_request *rq, char *buf, size_t head_len, const char **why)
 {
 	char *p = buf, *end = buf + head_len, *line, *sp1, *sp2;
+	int hosts = 0;
 
 	if (memchr(buf, '\0', head_len)) {
 		*why = "NUL byte in the request head";
@@ -454,7 +455,14 @@ parse_head(struct http_request *rq, char *buf, size_t head_len, const char **why
 		}
 		rq->rq_headers[rq->rq_nheaders].name = line;
 		rq->rq_headers[rq->rq_nheaders].namelen = (size_t)(colon - line);
-		rq->rq_headers[rq->rq_nheaders++].value = v;
+		rq->rq_headers[rq->rq_nheaders].value = v;
+		if (header_is(&rq->rq_headers[rq->rq_nheaders++], "Host", 4) &&
+		    ++hosts > 1) {
+			/* Which one names the route? RFC 9112 3.2 and nginx:
+			 * neither, refuse. */
+			*why = "more than one Host header";
+			return 400;
+		}
 	}
 	return 0;
 }
@@ -540,13 +548,6 @@ conn_parse_head(struct conn *c)
 		conn_error(c, 411, "send a Content-Length body, not Transfer-Encoding");
 		return -1;
 	}
-	for (int i = 0, hosts = 0; i < rq->rq_nheaders; i++)
-		if (header_is(&rq->rq_headers[i], "Host", 4) && ++hosts > 1) {
-			/* Which one names the route? RFC 9112 3.2 and nginx:
-			 * neither, refuse. */
-			conn_error(c, 400, "more than one Host header");
-			return -1;
-		}
 	cl = request_header(rq, "Content-Length");
 	for (int i = 0; cl != NULL && i < rq->rq_nheaders; i++)
 		if (header_is(&rq->rq_headers[i], "Content-Length", 14) &&
@@ -836,12 +837,7 @@ request_uri(const struct http_request *req)
 const char *
 request_header(const struct http_request *req, const char *name)
 {
-	size_t namelen = strlen(name);
-
-	for (int i = 0; i < req->rq_nheaders; i++)
-		if (header_is(&req->rq_headers[i], name, namelen))
-			return req->rq_headers[i].value;
-	return NULL;
+	return request_header_nth(req, name, 0);
 }
 
 const char *
