@@ -39,6 +39,19 @@ pytestmark = pytest.mark.skipif(NGINX is None, reason="no nginx binary")
 
 RL = ("x-ratelimit-limit", "x-ratelimit-remaining", "x-ratelimit-reset", "retry-after")
 
+# The route most tests use; the fail-closed test's policy has it alone.
+API_ROUTE = """\
+  - name: api
+    match:
+      prefix: /api/
+    key: ip
+    limits:
+      - name: w
+        algorithm: sliding_window_log
+        limit: 3
+        window: 1m
+"""
+
 # The daemon's policy. deny_status 403 is what the recipe requires. Block
 # YAML only, so no braces need escaping for conftest's str.format. Sliding
 # logs rather than fixed windows, so that no test can straddle a window
@@ -82,16 +95,7 @@ routes:
         algorithm: sliding_window_log
         limit: 100
         window: 1m
-  - name: api
-    match:
-      prefix: /api/
-    key: ip
-    limits:
-      - name: w
-        algorithm: sliding_window_log
-        limit: 3
-        window: 1m
-"""
+""" + API_ROUTE
 
 
 class Upstream:
@@ -392,16 +396,7 @@ redis:
   timeout: 100ms
 failure_mode: closed
 routes:
-  - name: api
-    match:
-      prefix: /api/
-    key: ip
-    limits:
-      - name: w
-        algorithm: sliding_window_log
-        limit: 3
-        window: 1m
-"""
+""" + API_ROUTE
 
 
 def test_daemon_failing_closed_gives_503(tmp_path, start_daemon, upstream):

@@ -289,47 +289,38 @@ test_config_errors(void)
 static void
 test_normalize(void)
 {
+	/* uri, the normalized path, the query (NULL: none) */
+	static const struct { const char *uri, *path, *query; } cases[] = {
+		{ "/api/users?id=1", "/api/users", "id=1" },
+		{ "//api///x", "/api/x", NULL },
+		{ "/a/./b/../c", "/a/c", NULL },
+		{ "/../../etc", "/etc", NULL },
+		{ "/auth/%6Cogin", "/auth/login", NULL },
+		/* %2F is a slash, as nginx decodes it before choosing a location */
+		{ "/auth%2Flogin", "/auth/login", NULL },
+		{ "/x/..%2Fauth/login", "/auth/login", NULL },
+		{ "/api/..%2F..%2Fk/x", "/k/x", NULL },
+		{ "/a%2f%2F/b", "/a/b", NULL },
+		{ "/a%00b", "/a%00b", NULL },
+		{ "", "/", NULL },
+		{ "?x=1", "/", "x=1" },
+		{ "http://h.example/p?q", "/p", "q" },
+		/* the authority ends at '?': a '/' in the query is not the path */
+		{ "http://h?u=/admin", "/", "u=/admin" },
+		{ "/a/..", "/", NULL },
+		{ "/a/b/.", "/a/b/", NULL },
+	};
 	char buf[256];
 	const char *q;
 
-	policy_normalize_uri("/api/users?id=1", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/api/users");
-	CHECK_STR(q, "id=1");
-	policy_normalize_uri("//api///x", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/api/x");
-	CHECK(q == NULL);
-	policy_normalize_uri("/a/./b/../c", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/a/c");
-	policy_normalize_uri("/../../etc", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/etc");
-	policy_normalize_uri("/auth/%6Cogin", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/auth/login");
-	/* %2F is a slash, as nginx decodes it before choosing a location */
-	policy_normalize_uri("/auth%2Flogin", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/auth/login");
-	policy_normalize_uri("/x/..%2Fauth/login", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/auth/login");
-	policy_normalize_uri("/api/..%2F..%2Fk/x", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/k/x");
-	policy_normalize_uri("/a%2f%2F/b", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/a/b");
-	policy_normalize_uri("/a%00b", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/a%00b");
-	policy_normalize_uri("", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/");
-	policy_normalize_uri("?x=1", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/");
-	CHECK_STR(q, "x=1");
-	policy_normalize_uri("http://h.example/p?q", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/p");
-	/* the authority ends at '?': a '/' in the query is not the path */
-	policy_normalize_uri("http://h?u=/admin", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/");
-	CHECK_STR(q, "u=/admin");
-	policy_normalize_uri("/a/..", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/");
-	policy_normalize_uri("/a/b/.", buf, sizeof(buf), &q);
-	CHECK_STR(buf, "/a/b/");
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		policy_normalize_uri(cases[i].uri, buf, sizeof(buf), &q);
+		CHECK_STR(buf, cases[i].path);
+		if (cases[i].query)
+			CHECK(q && strcmp(q, cases[i].query) == 0);
+		else
+			CHECK(q == NULL);
+	}
 }
 
 struct fake_headers {
@@ -645,6 +636,19 @@ test_verdict_and_headers(void)
 	    limiter_ms_to_s(1001) == 2 && limiter_ms_to_s(0) == 0);
 }
 
+/* Caches key's denial by the first limit of `two` (the second allows),
+ * retry_ms from now, for a call sent and answered at the times given. */
+static void
+cache_denial(struct denycache *dc, struct config *c, const struct route *route,
+    struct limit_set *two, const char *key, long long retry_ms,
+    long long sent_us, long long answered_us, struct verdict *v)
+{
+	long long denied[] = { 0, 5000, 0, 0, 2000, retry_ms, 0, 1, 977, 1800000, 0, 0 };
+
+	CHECK(limiter_parse(two, denied, 12, v) == 0);
+	denycache_put(dc, c, route, two, key, 1, v, sent_us, answered_us, 1);
+}
+
 static void
 test_denycache(void)
 {
@@ -653,7 +657,6 @@ test_denycache(void)
 	struct denycache *dc = denycache_new();
 	const struct route *api;
 	struct verdict v, out;
-	long long denied[] = { 0, 5000, 0, 0, 2000, 1500, 0, 1, 977, 1800000, 0, 0 };
 
 	if (c == NULL) {
 		CHECK(c != NULL);
@@ -663,8 +666,7 @@ test_denycache(void)
 	api = &c->routes[1];
 	/* api's first two limits are token buckets; reuse a 2-limit slice */
 	struct limit_set two = { api->limits.limits, 2, 0, 20 };
-	CHECK(limiter_parse(&two, denied, 12, &v) == 0);
-	denycache_put(dc, c, api, &two, "k1", 1, &v, 1000000, 1000000, 1);
+	cache_denial(dc, c, api, &two, "k1", 1500, 1000000, 1000000, &v);
 	CHECK(denycache_get(dc, c, api, "k1", 1, 1500000, 1, &out) == 1);
 	CHECK(out.retry_ms == 1000 && !out.allowed);
 	CHECK(denycache_get(dc, c, api, "k2", 1, 1500000, 1, &out) == 0);
@@ -676,21 +678,15 @@ test_denycache(void)
 	/* Valid from the send, less the millisecond the script rounded up
 	 * (retry 500 ms: surely denied until 499 ms after the send); told
 	 * from the arrival, so a client is never sent back early. */
-	denied[5] = 500;
-	CHECK(limiter_parse(&two, denied, 12, &v) == 0);
-	denycache_put(dc, c, api, &two, "k3", 1, &v, 1000000, 1004000, 1);
+	cache_denial(dc, c, api, &two, "k3", 500, 1000000, 1004000, &v);
 	CHECK(denycache_get(dc, c, api, "k3", 1, 1498999, 1, &out) == 1);
 	CHECK(out.retry_ms == 6);
 	CHECK(denycache_get(dc, c, api, "k3", 1, 1499000, 1, &out) == 0);
 	/* a retry of 1 ms cannot be known to hold past the send */
-	denied[5] = 1;
-	CHECK(limiter_parse(&two, denied, 12, &v) == 0);
-	denycache_put(dc, c, api, &two, "k4", 1, &v, 1000000, 1000000, 1);
+	cache_denial(dc, c, api, &two, "k4", 1, 1000000, 1000000, &v);
 	CHECK(denycache_get(dc, c, api, "k4", 1, 1000000, 1, &out) == 0);
 	/* at most 10 s, whatever the retry */
-	denied[5] = 3600000;
-	CHECK(limiter_parse(&two, denied, 12, &v) == 0);
-	denycache_put(dc, c, api, &two, "k5", 1, &v, 1000000, 1000000, 1);
+	cache_denial(dc, c, api, &two, "k5", 3600000, 1000000, 1000000, &v);
 	CHECK(denycache_get(dc, c, api, "k5", 1, 10999999, 1, &out) == 1);
 	CHECK(out.retry_ms == 3590001);
 	CHECK(denycache_get(dc, c, api, "k5", 1, 11000000, 1, &out) == 0);
