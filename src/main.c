@@ -417,6 +417,16 @@ main(int argc, char **argv)
 	while ((ch = getopt_long(argc, argv, "c:thv", longopts, NULL)) != -1) {
 		switch (ch) {
 		case 'c':
+			/* One daemon serves one policy: a second file given
+			 * by habit or by a wrapper script would otherwise
+			 * win silently, and -t would vouch for it alone. */
+			if (path != NULL) {
+				fprintf(stderr, "ratelimitd: -c given twice "
+				    "(\"%s\" and \"%s\"): one policy file per "
+				    "daemon\n", path, optarg);
+				usage(stderr);
+				return 1;
+			}
 			path = optarg;
 			break;
 		case 't':

@@ -48,6 +48,8 @@ def test_wrong_usage_says_what_is_wrong():
     for args, says in ((("-c", POLICY, "extra"), 'unexpected argument "extra"'),
                        (("-t", "-c", POLICY, "--", "-c"), 'unexpected argument "-c"'),
                        ((), "-c FILE is required"),
+                       (("-t", "-c", POLICY, "-c", "other.yaml"),
+                        f'-c given twice ("{POLICY}" and "other.yaml")'),
                        (("-t", "-c", ""), "-c needs a file name, not an empty one")):
         r = run(*args)
         assert r.returncode == 1 and r.stderr.startswith("ratelimitd: " + says), (args, r.stderr)
