@@ -15,7 +15,11 @@ if USED.fixed_window then ALGORITHMS.fixed_window = {
     local start = math.floor(now / window) * window
     local state = redis.call('HMGET', key, 's', 'n', 'w')
     local count = 0
-    if tonumber(state[1]) == start then count = tonumber(state[2]) or 0 end
+    -- The stored numbers are compared as the strings this script writes
+    -- (formatted once per call) before as numbers: strtod is dear here.
+    if state[1] == fmt_int(start) or tonumber(state[1]) == start then
+      count = tonumber(state[2]) or 0
+    end
     local until_end = start + window - now
     local allowed = count + cost <= limit
     local retry = 0
@@ -32,7 +36,8 @@ if USED.fixed_window then ALGORITHMS.fixed_window = {
       delay = 0,
       start = start,
       count = count,
-      expiry_set = count > 0 and tonumber(state[3]) == window,
+      expiry_set = count > 0 and (state[3] == fmt_int(window)
+                                  or tonumber(state[3]) == window),
     }
   end,
   commit = function(key, now, cost, r, limit, window)
