@@ -780,7 +780,13 @@ check_json(struct worker *w, struct http_request *req)
 			    "\"%s\"", esc);
 			goto out;
 		}
-		if (key == NULL || key[0] == '\0') {
+		if (route->nkeys > 0 && route->keys[0].type == KEY_GLOBAL) {
+			/* The route has one bucket, whoever the caller names:
+			 * a named key of its own would be a bucket /check
+			 * never charges, with a quota of its own. */
+			key = "*";
+			kind = POLICY_KEY_GLOBAL;
+		} else if (key == NULL || key[0] == '\0') {
 			http_reply_json_error(req, 400, key ? "field \"key\" must not "
 			    "be empty" : "field \"key\" is required with \"route\"");
 			goto out;

@@ -124,6 +124,18 @@ def test_global_key(start_daemon, redis_server):
     assert all_keys(redis_server.client()) == {rkey_global("glob", "q", "fixed_window")}
 
 
+def test_named_check_on_a_global_route_uses_the_shared_bucket(start_daemon, redis_server):
+    # A route keyed by `global` has one bucket (SPEC 4): naming a key in the
+    # JSON form must not open a bucket of its own with a full quota.
+    d = start_daemon(KEYS)
+    assert [check(d, "/check/glob/x").status_code for _ in range(2)] == [200, 200]
+    for body in ({"route": "glob", "key": "a"}, {"route": "glob"}):
+        r = vcheck(d, body)
+        assert r.status_code == 429, (body, r.status_code, r.text)
+        assert r.json()["key"] == "*"
+    assert all_keys(redis_server.client()) == {rkey_global("glob", "q", "fixed_window")}
+
+
 def test_global_in_fallback_does_not_collide_with_literal_star(start_daemon, redis_server):
     d = start_daemon(policy(route("g", "/", "[header:K, global]", limit=1)))
     r = check(d, "/check/x", "GET", {"K": "*"})
