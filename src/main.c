@@ -165,7 +165,12 @@ reload(struct env *env, const char *why)
 {
 	struct config_errors errors;
 	struct config *c;
+	struct stat before;
 
+	/* The file's state before it is read: a change while it is read then
+	 * still differs from what is recorded, and is loaded in its turn. */
+	if (stat(env->config->path, &before) == -1)
+		memset(&before, 0, sizeof(before));
 	c = config_load(env->config->path, &errors);
 	if (c == NULL) {
 		log_warnx("reload (%s) refused; the policy in force stays:", why);
@@ -173,7 +178,7 @@ reload(struct env *env, const char *why)
 			log_warnx("%s", errors.lines[i]);
 		config_errors_free(&errors);
 		metrics_reload(0);
-		stat(env->config->path, &env->loaded_stat);	/* not again */
+		env->loaded_stat = before;	/* not again */
 		return;
 	}
 	/* The socket and threads stay as they are; so does what the policy
@@ -200,7 +205,7 @@ reload(struct env *env, const char *why)
 		worker_set_config(env->workers[i], c);
 	config_unref(env->config);
 	env->config = c;
-	stat(c->path, &env->loaded_stat);
+	env->loaded_stat = before;
 	metrics_reload(1);
 	log_info("reload (%s): policy %s loaded, %zu routes", why, c->path, c->nroutes);
 	log_warnings(c);
@@ -330,9 +335,19 @@ run(const char *path)
 	struct event *sigs[4];
 	const int signos[4] = { SIGHUP, SIGTERM, SIGINT, 0 };
 	struct sigaction sa;
+	sigset_t hup;
 
+	/* A SIGHUP before its handler is in place (`systemctl reload` just
+	 * after start) would end the process: held back until then, it
+	 * reloads. The workers, started meanwhile, keep it blocked, so it is
+	 * always the main thread's. */
+	sigemptyset(&hup);
+	sigaddset(&hup, SIGHUP);
+	sigprocmask(SIG_BLOCK, &hup, NULL);
 	memset(&env, 0, sizeof(env));
 	env.inotify_fd = -1;
+	if (stat(path, &env.loaded_stat) == -1)
+		memset(&env.loaded_stat, 0, sizeof(env.loaded_stat));
 	if ((env.config = config_load(path, &errors)) == NULL) {
 		print_errors(&errors);
 		config_errors_free(&errors);
@@ -343,7 +358,6 @@ run(const char *path)
 	log_warnings(env.config);
 	assign_metric_ids(env.config);
 	policy_prepare(env.config);
-	stat(path, &env.loaded_stat);
 
 	memset(&sa, 0, sizeof(sa));
 	sa.sa_handler = SIG_IGN;
@@ -370,6 +384,7 @@ run(const char *path)
 		sigs[i] = evsignal_new(env.base, signos[i], on_signal, &env);
 		event_add(sigs[i], NULL);
 	}
+	sigprocmask(SIG_UNBLOCK, &hup, NULL);
 	watch_policy_file(&env);
 	log_info("ratelimitd %s listening on %s with %d worker%s, redis %s, "
 	    "%zu routes", RATELIMITD_VERSION, env.config->listen, env.nworkers,

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -15,7 +16,7 @@ import time
 import pytest
 import requests
 
-from conftest import BIN, free_port, wait_until
+from conftest import BIN, Daemon, free_port, wait_until
 from ops_helpers import (check, fw, get_policy, ops_daemon, policy, render,  # noqa: F401
                          route, route_limits, scrape, wait_policy_limit)
 
@@ -450,3 +451,73 @@ def test_a_file_still_changing_is_not_loaded_until_it_holds_still(ops_daemon):
         assert wait_until(lambda: len(get_policy(d)["routes"]) == 9, timeout=RELOAD_S), \
             get_policy(d)
     assert seen <= {3, 9}, "route counts seen in /v1/policy: %r" % sorted(seen)
+
+
+def slow_routes(n=999):
+    """Routes that take the loader about 0.1 s (0.5 s under ASan) to read:
+    regexes, three limits and twenty overrides each."""
+    return "".join(
+        "  - name: s%d\n"
+        "    match: {regex: '^/s%d/(a|b|c)+[0-9]{1,5}x', methods: [GET, POST]}\n"
+        "    key: [header:X-Api-Key, ip]\n"
+        "    limits:\n"
+        "      - {name: a, algorithm: token_bucket, rate: \"10/s\", burst: 20}\n"
+        "      - {name: b, algorithm: fixed_window, limit: 1000, window: 1h}\n"
+        "      - {name: c, algorithm: gcra, rate: \"10/s\", burst: 20}\n"
+        "    overrides:\n%s" % (i, i, "".join(
+            "      - {keys: [s%d-%d], unlimited: true}\n" % (i, j) for j in range(20)))
+        for i in range(n))
+
+
+def test_change_while_a_reload_reads_is_loaded_in_turn(ops_daemon):
+    """A file replaced while a reload is still parsing the previous one is
+    loaded next: the reload records the file's state from before it read
+    it, so the watch sees the newer file as a change. (It recorded the state
+    after parsing, the newer file's, and that change was never loaded.)"""
+    def text(limit):
+        return policy(route("api", "/api/", fw(limit)) + slow_routes())
+    d = ops_daemon(text(3))
+    for limit in (10, 20, 30):
+        for name, lim in (("a", limit), ("b", limit + 1)):
+            with open(d.policy_path + "." + name, "w") as f:
+                f.write(render(d, text(lim)))
+        os.rename(d.policy_path + ".a", d.policy_path)
+        d.signal(signal.SIGHUP)
+        time.sleep(0.04)        # while the reload parses a
+        os.rename(d.policy_path + ".b", d.policy_path)
+        assert wait_policy_limit(d, "api", limit + 1, timeout=RELOAD_S + 2), \
+            (route_limits(d, "api"), d.log()[-2000:])
+
+
+def sighup_blocked(pid):
+    """Whether the process's main thread holds SIGHUP back (SigBlk bit 0)."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("SigBlk:"):
+                    return int(line.split()[1], 16) & 1 == 1
+    except OSError:
+        pass
+    return False
+
+
+def test_sighup_during_startup_reloads_instead_of_killing(redis_server, tmp_path):
+    """`systemctl start` then `systemctl reload` at once: a SIGHUP that
+    arrives while the policy is still being read must not end the process
+    (the default action, before the handler is installed)."""
+    d = Daemon(tmp_path, redis_server.port, policy(route("api", "/api/", fw(3))
+                                                    + slow_routes()))
+    d.logf = open(d.log_path, "ab")
+    d.proc = subprocess.Popen([d.bin, "-c", d.policy_path], stdout=d.logf, stderr=d.logf)
+    try:
+        # As soon as the daemon holds it back, or 50 ms in (mid-parse) for a
+        # build that never does.
+        wait_until(lambda: sighup_blocked(d.proc.pid), timeout=0.05, interval=0.001)
+        d.signal(signal.SIGHUP)
+        assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=1).ok,
+                          timeout=15), "daemon not ready:\n" + d.log()
+        assert d.alive()
+        assert wait_until(lambda: "reload (SIGHUP)" in d.log(), timeout=5), d.log()
+        assert counted(d, "k1") == 200
+    finally:
+        assert d.stop() == 0, d.log()
