@@ -50,8 +50,13 @@ serve_readyz(struct worker *w, struct http_request *req)
 	enum store_state st = (enum store_state)metrics_redis_state_min();
 	int ready = w->w_config != NULL && st == STORE_UP && !w->w_draining;
 
-	http_reply_json(req, ready ? 200 : 503, json_pack("{s:b,s:b,s:s}", "ready", ready,
-	    "policy", w->w_config != NULL, "redis", store_state_name(st)));
+	json_t *body = json_pack("{s:b,s:b,s:s}", "ready", ready, "policy",
+	    w->w_config != NULL, "redis", store_state_name(st));
+
+	/* Why a daemon with a policy and Redis is not ready: it is stopping. */
+	if (w->w_draining)
+		json_object_set_new(body, "draining", json_true());
+	http_reply_json(req, ready ? 200 : 503, body);
 }
 
 static void

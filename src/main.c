@@ -68,6 +68,7 @@ struct env {
 	long long		 pending_since_us; /* first seen changed */
 	long long		 pending_stat_us; /* first seen as pending_stat */
 	int			 stopping;
+	struct event		*worker_exit_ev;
 };
 
 static void
@@ -289,10 +290,18 @@ on_signal(evutil_socket_t sig, short what, void *arg)
 	if (sig == SIGHUP) {
 		if (!env->stopping)
 			reload(env, "SIGHUP");
+		else
+			log_info("SIGHUP ignored: stopping");
 		return;
 	}
-	if (env->stopping)
+	if (env->stopping) {
+		/* Ctrl-C twice, or an impatient supervisor: stop waiting. */
+		log_info("%s again: answering what is left now", sig == SIGTERM ?
+		    "SIGTERM" : "SIGINT");
+		for (int i = 0; i < env->nworkers; i++)
+			worker_stop_now(env->workers[i]);
 		return;
+	}
 	env->stopping = 1;
 	log_info("%s: draining (at most %lld ms)", sig == SIGTERM ? "SIGTERM" :
 	    "SIGINT", env->config->drain_timeout_us / 1000);
@@ -302,6 +311,20 @@ on_signal(evutil_socket_t sig, short what, void *arg)
 	 * kernel refuse new connections at once instead of queueing them. */
 	close(env->listen_fd);
 	env->listen_fd = -1;
+	/* The loop runs on until the workers are done (on_worker_exit), so a
+	 * second signal is still heard. */
+}
+
+static void
+on_worker_exit(evutil_socket_t fd, short what, void *arg)
+{
+	struct env *env = arg;
+
+	(void)fd;
+	(void)what;
+	for (int i = 0; i < env->nworkers; i++)
+		if (!atomic_load(&env->workers[i]->w_exited))
+			return;
 	event_base_loopexit(env->base, NULL);
 }
 
@@ -377,8 +400,9 @@ run(const char *path)
 	env.config->workers_running = env.nworkers;
 	for (int i = 0; i < env.nworkers; i++)
 		env.workers[i] = worker_new(i, env.listen_fd, env.config);
+	env.worker_exit_ev = event_new(env.base, -1, 0, on_worker_exit, &env);
 	for (int i = 0; i < env.nworkers; i++)
-		if (worker_start(env.workers[i]) == -1)
+		if (worker_start(env.workers[i], env.worker_exit_ev) == -1)
 			fatalx("cannot start worker %d", i);
 	for (int i = 0; signos[i]; i++) {
 		sigs[i] = evsignal_new(env.base, signos[i], on_signal, &env);
@@ -409,6 +433,7 @@ run(const char *path)
 		close(env.inotify_fd);
 	event_free(env.debounce_ev);
 	event_free(env.poll_ev);
+	event_free(env.worker_exit_ev);
 	event_base_free(env.base);
 	config_unref(env.config);
 	log_info("stopped");

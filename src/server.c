@@ -112,6 +112,7 @@ struct server {
 	struct evconnlistener	*s_listener;
 	struct event		*s_accept_retry_ev;
 	long long		 s_idle_us;
+	int			 s_draining;	/* see server_drain */
 	server_handler		 s_handler;
 	void			*s_arg;
 	LIST_HEAD(, conn)	 s_conns;
@@ -805,6 +806,29 @@ server_stop_accepting(struct server *srv)
 }
 
 void
+server_drain(struct server *srv)
+{
+	struct conn *c, *next;
+
+	server_stop_accepting(srv);
+	srv->s_draining = 1;
+	for (c = LIST_FIRST(&srv->s_conns); c != NULL; c = next) {
+		char byte;
+
+		next = LIST_NEXT(c, c_entry);
+		if (c->c_pending || c->c_processing || c->c_in_len > 0 ||
+		    c->c_out_len != 0 || c->c_lingering || c->c_dead)
+			continue;	/* its reply, or its close, is coming */
+		/* A request already in the socket is answered (with close)
+		 * rather than reset by closing over it unread. */
+		if (recv(c->c_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1)
+			continue;
+		c->c_closing = 1;
+		conn_settle(c);
+	}
+}
+
+void
 server_free(struct server *srv)
 {
 	if (srv == NULL)
@@ -937,6 +961,7 @@ request_reply(struct http_request *req, int status, const char *content_type,
 	struct conn *c = req->rq_conn;
 	char head[SERVER_REPLY_HEAD_MAX], num[FMT_LL_MAX];
 	size_t n = 0;
+	int keepalive = req->rq_keepalive && !c->c_server->s_draining;
 
 	c->c_pending = 0;
 	if (!c->c_dead) {
@@ -957,7 +982,7 @@ request_reply(struct http_request *req, int status, const char *content_type,
 		fmt_ll(num, (long long)len);
 		n = head_put(head, n, num);
 		n = head_put(head, n, "\r\n");
-		if (!req->rq_keepalive)
+		if (!keepalive)
 			n = head_put(head, n, "Connection: close\r\n");
 		else if (req->rq_minor == 0)
 			n = head_put(head, n, "Connection: keep-alive\r\n");
@@ -966,7 +991,7 @@ request_reply(struct http_request *req, int status, const char *content_type,
 		conn_out_append(c, "\r\n", 2);
 		if (!req->rq_head && len)
 			conn_out_append(c, body, len);
-		if (!req->rq_keepalive)
+		if (!keepalive)
 			c->c_closing = 1;
 		if (c->c_out_off == 0)
 			conn_flush(c);	/* else the write event is armed already */

@@ -23,6 +23,12 @@ struct server *server_new(struct event_base *base, int listen_fd,
 void server_set_idle_timeout(struct server *srv, long long us);
 /* Stops accepting; connections already open keep being served. */
 void server_stop_accepting(struct server *srv);
+/*
+ * Shutting down: stops accepting, closes the connections with nothing
+ * under way, and makes every later reply the last of its connection
+ * (Connection: close), as nginx does when it exits.
+ */
+void server_drain(struct server *srv);
 /* Closes every connection. Every request must have been answered. */
 void server_free(struct server *srv);
 

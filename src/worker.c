@@ -73,6 +73,18 @@ on_drain_timeout(evutil_socket_t fd, short what, void *arg)
 	worker_check_done(w);
 }
 
+static void on_drain(evutil_socket_t, short, void *);
+
+static void
+on_stop_now(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+
+	on_drain(fd, what, arg);	/* if its own event has not run yet */
+	check_finish_all(w);
+	worker_check_done(w);
+}
+
 static void
 on_drain(evutil_socket_t fd, short what, void *arg)
 {
@@ -84,7 +96,7 @@ on_drain(evutil_socket_t fd, short what, void *arg)
 	if (w->w_draining)
 		return;
 	w->w_draining = 1;
-	server_stop_accepting(w->w_server);
+	server_drain(w->w_server);
 	if (w->w_nactive == 0) {
 		worker_check_done(w);
 		return;
@@ -121,6 +133,7 @@ worker_new(int id, int listen_fd, struct config *config)
 	w->w_config_ev = event_new(w->w_base, -1, 0, on_config, w);
 	w->w_drain_ev = event_new(w->w_base, -1, 0, on_drain, w);
 	w->w_drain_timer_ev = evtimer_new(w->w_base, on_drain_timeout, w);
+	w->w_stop_now_ev = event_new(w->w_base, -1, 0, on_stop_now, w);
 	w->w_store = store_new(w->w_base, config, w->w_metrics);
 	return w;
 }
@@ -139,6 +152,7 @@ worker_main(void *arg)
 	event_free(w->w_config_ev);
 	event_free(w->w_drain_ev);
 	event_free(w->w_drain_timer_ev);
+	event_free(w->w_stop_now_ev);
 	denycache_free(w->w_denycache);
 	config_unref(w->w_config);
 	pthread_mutex_lock(&w->w_lock);
@@ -146,12 +160,15 @@ worker_main(void *arg)
 	w->w_next_config = NULL;
 	pthread_mutex_unlock(&w->w_lock);
 	event_base_free(w->w_base);
+	atomic_store(&w->w_exited, 1);
+	event_active(w->w_exit_ev, EV_READ, 0);
 	return NULL;
 }
 
 int
-worker_start(struct worker *w)
+worker_start(struct worker *w, struct event *exit_ev)
 {
+	w->w_exit_ev = exit_ev;
 	return pthread_create(&w->w_thread, NULL, worker_main, w) == 0 ? 0 : -1;
 }
 
@@ -172,6 +189,12 @@ void
 worker_drain(struct worker *w)
 {
 	event_active(w->w_drain_ev, EV_READ, 0);
+}
+
+void
+worker_stop_now(struct worker *w)
+{
+	event_active(w->w_stop_now_ev, EV_READ, 0);
 }
 
 void

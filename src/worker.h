@@ -9,6 +9,7 @@
 #define WORKER_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/queue.h>
 
 #include "limiter.h"
@@ -32,7 +33,10 @@ struct worker {
 	struct event		*w_config_ev;
 	struct event		*w_drain_ev;
 	struct event		*w_drain_timer_ev;
+	struct event		*w_stop_now_ev;
 	int			 w_draining;
+	struct event		*w_exit_ev;	/* main's, told at the end */
+	atomic_int		 w_exited;
 
 	LIST_HEAD(, check)	 w_free_checks;	/* pool: no malloc per check */
 	size_t			 w_nfree_checks;
@@ -46,11 +50,16 @@ struct worker {
 };
 
 struct worker *worker_new(int id, int listen_fd, struct config *config);
-int worker_start(struct worker *w);
+/* Runs the worker on its thread; exit_ev (main's) is made active when the
+ * thread has finished, after w_exited is set. */
+int worker_start(struct worker *w, struct event *exit_ev);
 /* Hands a new policy to the worker (takes a reference). Thread-safe. */
 void worker_set_config(struct worker *w, struct config *config);
 /* Stops accepting, finishes checks up to drain_timeout, exits the loop. */
 void worker_drain(struct worker *w);
+/* Ends the drain now (a second SIGTERM): what is left is answered at once,
+ * as at drain_timeout. */
+void worker_stop_now(struct worker *w);
 void worker_join(struct worker *w);
 
 /* Called by the check module when its last active check is done. */

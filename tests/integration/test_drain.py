@@ -155,3 +155,79 @@ def test_two_workers_drain_and_ignore_sighup(ops_daemon):
     code = wait_exit(d, 6.0 - (time.monotonic() - t0))
     assert code == 0, d.log()
     assert [r[0] if isinstance(r, tuple) else r for r in r1 + r2] == [200] * 10
+
+
+def read_reply(s, timeout=10):
+    """One reply (head and Content-Length body) from socket s, as bytes."""
+    s.settimeout(timeout)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(4096)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(body) < length:
+        body += s.recv(4096)
+    return head
+
+
+def test_stop_closes_idle_connections_and_ends_busy_ones_with_close(ops_daemon):
+    """As nginx does when it exits: a keep-alive connection with nothing
+    under way is closed at once, and a held check's reply says
+    `Connection: close` and ends its connection. (Before, replies during
+    the drain kept connections alive, and the gateway's next request on
+    one was cut without an answer when the process exited.)"""
+    d = ops_daemon(shaped_policy("2/s", "5s"))
+    idle = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+    idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert b" 200 " in read_reply(idle)
+    busy = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+    request = b"GET /check/lb/x HTTP/1.1\r\nHost: x\r\nX-Key: held\r\n\r\n"
+    busy.sendall(request)
+    assert b" 200 " in read_reply(busy)
+    threads, results = fire(d, 3)       # held 0.5, 1 and 1.5 s
+    assert held(d, 3)
+    busy.sendall(request)               # held 2 s
+    assert held(d, 4)
+    t0 = terminate(d)
+    try:
+        idle.settimeout(2)
+        assert idle.recv(100) == b"", "idle keep-alive connection left open"
+        assert time.monotonic() - t0 < 1.5
+        head = read_reply(busy)
+        assert b" 200 " in head and b"\r\nConnection: close" in head, head
+        busy.settimeout(2)
+        assert busy.recv(100) == b"", "connection kept after its last reply"
+    finally:
+        for t in threads:
+            t.join(15)
+        idle.close()
+        busy.close()
+        assert wait_exit(d, 7) == 0, d.log()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_second_signal_stops_at_once(ops_daemon, sig):
+    """Ctrl-C twice: the second stop signal ends a drain that would wait
+    up to 10 s. Every held check is still answered, and the exit is 0."""
+    d = ops_daemon(shaped_policy("1/s", "10s"))
+    threads, results = fire(d, 5)
+    assert held(d, 4)
+    terminate(d, sig)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    d.signal(sig)
+    code = wait_exit(d, 5)
+    took = time.monotonic() - t0
+    for t in threads:
+        t.join(15)
+    assert code == 0, "exit code %r:\n%s" % (code, d.log())
+    assert took < 1.0, took
+    assert [r[0] if isinstance(r, tuple) else r for r in results] == [200] * 5
+    assert "again: answering what is left now" in d.log()
