@@ -50,6 +50,10 @@
 #define SERVER_IN_LIMIT		 (SERVER_HEADERS_MAX + SERVER_BODY_MAX + 4096)
 #define SERVER_ACCEPT_RETRY_US	 100000	/* pause accepting on EMFILE */
 #define SERVER_LINGER_US	 2000000 /* read and drop input after an error */
+/* Replies queued but unsent past which a connection's pipelined requests
+ * wait: a client that sends and never reads must not grow memory without
+ * bound (nginx, too, reads the next request only once a reply is out). */
+#define SERVER_OUT_BACKLOG_MAX	 65536
 
 struct header {
 	const char	*name;
@@ -120,6 +124,23 @@ struct server {
 
 static void conn_process(struct conn *);
 static void headers_release(struct http_request *);
+
+static int
+conn_backlogged(const struct conn *c)
+{
+	return c->c_out_len - c->c_out_off >= SERVER_OUT_BACKLOG_MAX;
+}
+
+/* Reads again once a pending reply or a backlog is out of the way. */
+static void
+conn_resume_reading(struct conn *c)
+{
+	if (c->c_read_paused && !c->c_pending && !c->c_dead && !c->c_eof &&
+	    !conn_backlogged(c)) {
+		c->c_read_paused = 0;
+		event_add(c->c_read_ev, NULL);
+	}
+}
 
 /*
  * The idle timer is not re-armed per request (an event_add, its lock and a
@@ -256,6 +277,11 @@ on_write(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	conn_flush(c);
+	if (c->c_read_paused && !conn_backlogged(c)) {
+		conn_resume_reading(c);
+		conn_process(c);	/* what waited in the buffer; settles c */
+		return;
+	}
 	conn_settle(c);
 }
 
@@ -603,6 +629,13 @@ conn_process(struct conn *c)
 		return;
 	c->c_processing = 1;
 	while (!c->c_pending && !c->c_closing && !c->c_dead && c->c_in_len > 0) {
+		if (conn_backlogged(c)) {
+			if (!c->c_read_paused) {
+				event_del(c->c_read_ev);
+				c->c_read_paused = 1;
+			}
+			break;
+		}
 		if (!c->c_head_parsed && conn_parse_head(c) != 0)
 			break;
 		if (c->c_in_len < c->c_head_len + c->c_body_need) {
@@ -1002,10 +1035,7 @@ request_reply(struct http_request *req, int status, const char *content_type,
 	c->c_req_len = 0;
 	c->c_head_parsed = 0;
 	headers_release(req);
-	if (c->c_read_paused && !c->c_dead && !c->c_eof) {
-		c->c_read_paused = 0;
-		event_add(c->c_read_ev, NULL);
-	}
+	conn_resume_reading(c);
 	c->c_active_us = mono_coarse_us();
 	if (!c->c_processing)
 		conn_process(c);	/* pipelined requests; may free c */

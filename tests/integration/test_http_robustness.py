@@ -418,3 +418,50 @@ def test_accept_backlog_holds_a_burst_of_connects(start_daemon):
     for s in socks:
         s.close()
     assert healthy(d)
+
+
+def rss_kb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def test_client_that_never_reads_its_replies_holds_no_memory(start_daemon):
+    """Pipelined requests from a client that never reads: the daemon stops
+    reading once 64 KiB of replies wait unsent (as nginx reads the next
+    request only once a reply is out), so its memory stays flat while the
+    client's sends block. Before, it read and answered into an unbounded
+    buffer: 2 GB after 600 MB of requests. Every reply still comes, in
+    order, once the client reads."""
+    d = start_daemon(POL)
+    base = rss_kb(d.proc.pid)
+    req = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+    s.setblocking(False)
+    sent, chunk, end = 0, req * 2000, time.monotonic() + 5
+    while time.monotonic() < end and sent < 40 * 1024 * 1024:
+        try:
+            sent += s.send(chunk[sent % len(chunk):])
+        except BlockingIOError:
+            if not select.select([], [s], [], 0.5)[1]:
+                break       # the daemon no longer reads: the sends block
+    grown = rss_kb(d.proc.pid) - base
+    assert grown < 16 * 1024, "RSS grew %d kB while %d bytes of requests " \
+                              "went unread" % (grown, sent)
+    assert healthy(d)
+    # Read everything: every request sent whole gets its reply.
+    s.setblocking(True)
+    s.settimeout(5)
+    reply = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n\r\nok\n"
+    expected = sent // len(req) * len(reply)
+    got = 0
+    while got < expected:
+        data = s.recv(1 << 20)
+        assert data, "connection closed after %d of %d replies" % (
+            got // len(reply), expected // len(reply))
+        assert data == (reply * (len(data) // len(reply) + 2))[
+            got % len(reply):got % len(reply) + len(data)], data[:200]
+        got += len(data)
+    s.close()
