@@ -540,8 +540,9 @@ check_run(struct check *ck, const char *key, size_t keylen, int kind)
 	}
 	/* Redis runs calls in order: while it has left one unanswered for
 	 * redis.timeout, this one would wait behind it past its own deadline.
-	 * Answer at once, as when the link is down. */
-	if (store_silent(w->w_store, ck->ck_config->redis_timeout_us)) {
+	 * Answer at once, as when the link is down; and the backlog of a Redis
+	 * slower than the traffic stays what it can answer in that time. */
+	if (store_behind(w->w_store, ck->ck_config->redis_timeout_us)) {
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_TIMEOUT);
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;

@@ -51,6 +51,10 @@
 #define STORE_STALL_MIN_US	1000000LL
 #define STORE_WATCHDOG_US	100000LL
 #define STORE_REPLY_INTS_MAX	LIMITER_REPLY_INTS(CONFIG_LIMITS_MAX)
+/* Checks with Redis on one link past which new ones fail at once: with a
+ * long redis.timeout, the age of the oldest call alone would let a Redis
+ * that trickles replies gather hundreds of megabytes of checks. */
+#define STORE_INFLIGHT_MAX	16384
 
 /* Handshake step names, passed to hiredis as callback data. */
 static char step_auth[] = "AUTH";
@@ -63,6 +67,9 @@ struct store_batch {
 	size_t			 sb_n, sb_cap;
 	struct store_call	**sb_calls;
 	size_t			*sb_nlimits;	/* read at send: the policy may go */
+	long long		 sb_sent_us;
+	int			 sb_sent;	/* on st_sent */
+	TAILQ_ENTRY(store_batch) sb_sent_entry;
 };
 
 struct store {
@@ -90,6 +97,7 @@ struct store {
 	struct event		*st_drop_ev;	/* deferred drop, outside hiredis */
 
 	size_t			 st_inflight;	/* checks sent, not answered */
+	TAILQ_HEAD(, store_batch) st_sent;	/* with Redis, oldest first */
 	/* The watchdog dropped a link, and no call has been answered since. A
 	 * Redis can take the handshake but no script call (CLIENT PAUSE WRITE
 	 * in a failover): a new link is not taken as recovery (no "connected",
@@ -117,10 +125,13 @@ static void store_connect(struct store *);
 static void store_drop(struct store *, const char *);
 
 int
-store_silent(const struct store *st, long long within_us)
+store_behind(const struct store *st, long long within_us)
 {
-	return st->st_state == STORE_UP && st->st_inflight > 0 &&
-	    mono_us() - st->st_progress_us >= within_us;
+	const struct store_batch *oldest = TAILQ_FIRST(&st->st_sent);
+
+	return st->st_state == STORE_UP && oldest != NULL &&
+	    (mono_us() - oldest->sb_sent_us >= within_us ||
+	    st->st_inflight >= STORE_INFLIGHT_MAX);
 }
 
 unsigned long
@@ -594,6 +605,10 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 	struct store *st = b->sb_store;
 	redisReply *reply = r;
 
+	if (b->sb_sent) {
+		TAILQ_REMOVE(&st->st_sent, b, sb_sent_entry);
+		b->sb_sent = 0;
+	}
 	if (st->st_ac == ac && st->st_inflight >= b->sb_n) {
 		st->st_inflight -= b->sb_n;
 		st->st_progress_us = mono_us();
@@ -667,9 +682,12 @@ on_flush(evutil_socket_t fd, short what, void *arg)
 			batch_put(st, b);
 			continue;
 		}
+		b->sb_sent_us = mono_us();
 		if (st->st_inflight == 0)
-			st->st_progress_us = mono_us();
+			st->st_progress_us = b->sb_sent_us;
 		st->st_inflight += b->sb_n;
+		TAILQ_INSERT_TAIL(&st->st_sent, b, sb_sent_entry);
+		b->sb_sent = 1;
 		metrics_redis_call(st->st_metrics, b->sb_n);
 		sent = 1;
 	}
@@ -776,6 +794,7 @@ store_new(struct event_base *base, const struct config *config,
 	st->st_base = base;
 	st->st_metrics = metrics;
 	TAILQ_INIT(&st->st_queue);
+	TAILQ_INIT(&st->st_sent);
 	st->st_backoff_us = STORE_BACKOFF_MIN_US;
 	st->st_retry_ev = evtimer_new(base, on_retry, st);
 	st->st_handshake_ev = evtimer_new(base, on_handshake_timeout, st);

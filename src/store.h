@@ -64,9 +64,11 @@ struct store *store_new(struct event_base *base, const struct config *config,
 /* Adopts the Redis settings of a new policy; reconnects if they changed. */
 void store_configure(struct store *st, const struct config *config);
 enum store_state store_state(const struct store *st);
-/* Is the link up with calls pending and no reply for within_us? Redis runs
- * calls in order, so a new one would wait behind them. */
-int store_silent(const struct store *st, long long within_us);
+/* Is the link up with a call sent within_us ago or more still unanswered
+ * (or too many checks with Redis)? Redis runs calls in order, so a new one
+ * would wait behind it past its own deadline: a silent Redis, or one that
+ * answers, but slower than checks arrive. */
+int store_behind(const struct store *st, long long within_us);
 /* How many times the link has come up. State read over an earlier link may
  * be gone: a Redis restarted without persistence, or another one. */
 unsigned long store_links(const struct store *st);

@@ -898,3 +898,113 @@ def test_many_checks_held_by_a_paused_redis(start_daemon, redis_server):
     assert took < 30, took
     assert wait_until(lambda: limited_again(d), timeout=3), d.log()
     assert healthy(d)
+
+
+class TrickledReplies:
+    """A TCP proxy to Redis that passes requests at once and replies at
+    `rate` bytes a second (after the link's first 4 KiB, its handshake): a
+    Redis that answers, but slower than checks arrive."""
+
+    def __init__(self, redis_port, rate):
+        self.redis_port, self.rate = redis_port, rate
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.socks = []
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+                server = socket.create_connection(("127.0.0.1", self.redis_port))
+            except OSError:
+                return
+            self.socks += [client, server]
+            buf, lock = bytearray(), threading.Lock()
+            threading.Thread(target=self.up, args=(client, server), daemon=True).start()
+            threading.Thread(target=self.down, args=(server, buf, lock), daemon=True).start()
+            threading.Thread(target=self.release, args=(buf, lock, client),
+                             daemon=True).start()
+
+    @staticmethod
+    def up(src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    @staticmethod
+    def down(src, buf, lock):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                with lock:
+                    buf.extend(data)
+        except OSError:
+            pass
+
+    def release(self, buf, lock, dst):
+        free, tick = 4096, 0.02
+        try:
+            while True:
+                time.sleep(tick)
+                with lock:
+                    n = int(self.rate * tick) + free
+                    out = bytes(buf[:n])
+                    del buf[:n]
+                free = 0
+                if out:
+                    dst.sendall(out)
+        except OSError:
+            pass
+
+    def close(self):
+        self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        for s in self.socks:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def test_redis_slower_than_the_traffic_keeps_no_backlog(start_daemon, redis_server, tmp_path):
+    """A Redis that answers, but slower than checks arrive (its replies
+    trickle through at 20 KB/s, some 300 checks a second): once the oldest
+    call with it is redis.timeout old, a new check would only wait behind
+    it, so it is answered at once by the failure mode and not sent. Before,
+    every check was sent and waited its timeout: the backlog grew with the
+    traffic (1.6 GB in 17 s at 2,000 connections), and checks kept failing
+    open for minutes after the traffic stopped, until Redis had worked
+    through it."""
+    if shutil.which("wrk") is None:
+        pytest.skip("wrk is not installed")
+    proxy = TrickledReplies(redis_server.port, 20000)
+    try:
+        d = start_daemon(policy(route("r", "/", limit=10 ** 9)).replace(
+            "127.0.0.1:{redis_port}", "127.0.0.1:%d" % proxy.port))
+        assert check(d, "/check/x").headers["X-RateLimit-Remaining"] != "-1"
+        load = subprocess.Popen(["wrk", "-t1", "-c200", "-d3s", d.url("/check/x")],
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        out, _ = load.communicate(timeout=20)
+        assert b"Requests/sec" in out, out
+        # The traffic has stopped: Redis has little to work through, and
+        # checks get real answers again at once.
+        t0 = time.monotonic()
+        assert wait_until(lambda: check(d, "/check/x").headers["X-RateLimit-Remaining"]
+                          != "-1", timeout=5, interval=0.05), d.log()
+        assert time.monotonic() - t0 < 1.0, time.monotonic() - t0
+        metrics = requests.get(d.url("/metrics"), timeout=5).text
+        failed_open = sum(float(v) for v in re.findall(
+            r'^ratelimitd_checks_total\{route="r",result="failed_open"\} (\S+)$',
+            metrics, re.M))
+        assert failed_open > 0, metrics
+        assert healthy(d)
+    finally:
+        proxy.close()
