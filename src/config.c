@@ -87,6 +87,14 @@ static const char *const algorithm_names[ALGORITHM_COUNT] = {
 	"sliding_window_counter", "leaky_bucket", "gcra",
 };
 
+/* Out of descriptors or memory for a moment: not the file's fault. */
+static int
+errno_is_passing(int e)
+{
+	return e == EMFILE || e == ENFILE || e == ENOMEM || e == EAGAIN ||
+	    e == EINTR;
+}
+
 static void
 errorf(struct loader *ld, int line, int col, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -697,6 +705,7 @@ yaml_load_file(struct loader *ld, FILE *fp)
 		src.len += n;
 	} while (n > 0);
 	if (ferror(fp)) {
+		ld->errors->passing = errno_is_passing(errno);
 		errorf(ld, 1, 1, "cannot read: %s", strerror(errno));
 		free(src.buf);
 		return NULL;
@@ -2589,14 +2598,17 @@ config_load(const char *path, struct config_errors *errors)
 	/* O_NONBLOCK: opening a FIFO with no writer would block the main
 	 * thread, and with it reloads and SIGTERM; reads block again below,
 	 * and one from a FIFO nobody writes is an empty file. */
-	if ((fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) == -1)
+	if ((fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)) == -1) {
+		errors->passing = errno_is_passing(errno);
 		errorf(&ld, 1, 1, "cannot open: %s", strerror(errno));
+	}
 	/* open takes a directory; reading it would fail as "input error" */
 	else if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
 		errorf(&ld, 1, 1, "is a directory, not a policy file");
 		close(fd);
 	} else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == -1 ||
 	    (fp = fdopen(fd, "r")) == NULL) {
+		errors->passing = errno_is_passing(errno);
 		errorf(&ld, 1, 1, "cannot open: %s", strerror(errno));
 		close(fd);
 	} else if ((root = yaml_load_file(&ld, fp)) == NULL && errors->n == 0)

@@ -138,6 +138,8 @@ struct config {
 struct config_errors {
 	char	**lines;
 	size_t	  n;
+	int	  passing;	/* unread for want of descriptors or memory:
+				 * the same file may load a moment later */
 };
 
 struct config *config_load(const char *path, struct config_errors *errors);

@@ -177,9 +177,16 @@ reload(struct env *env, const char *why)
 		log_warnx("reload (%s) refused; the policy in force stays:", why);
 		for (size_t i = 0; i < errors.n; i++)
 			log_warnx("%s", errors.lines[i]);
-		config_errors_free(&errors);
 		metrics_reload(0);
-		env->loaded_stat = before;	/* not again */
+		/* Not again until the file changes; but a file that could not
+		 * be read for want of descriptors or memory is tried at the
+		 * next look (within a second), or a ConfigMap update made in
+		 * such a moment would never be loaded. */
+		if (errors.passing)
+			log_warnx("reload (%s): trying again within a second", why);
+		else
+			env->loaded_stat = before;
+		config_errors_free(&errors);
 		return;
 	}
 	/* The socket and threads stay as they are; so does what the policy

@@ -49,6 +49,7 @@
 #define SERVER_IN_INITIAL	 4096
 #define SERVER_IN_LIMIT		 (SERVER_HEADERS_MAX + SERVER_BODY_MAX + 4096)
 #define SERVER_ACCEPT_RETRY_US	 100000	/* pause accepting on EMFILE */
+#define SERVER_ACCEPT_LOG_US	 10000000 /* and say so at most this often */
 #define SERVER_LINGER_US	 2000000 /* read and drop input after an error */
 /* Replies queued but unsent past which a connection's pipelined requests
  * wait: a client that sends and never reads must not grow memory without
@@ -117,6 +118,8 @@ struct server {
 	struct event		*s_accept_retry_ev;
 	long long		 s_idle_us;
 	int			 s_draining;	/* see server_drain */
+	long long		 s_accept_logged_us;
+	unsigned long long	 s_accept_unlogged;
 	server_handler		 s_handler;
 	void			*s_arg;
 	LIST_HEAD(, conn)	 s_conns;
@@ -778,8 +781,24 @@ on_accept_error(struct evconnlistener *lev, void *arg)
 	int err = EVUTIL_SOCKET_ERROR();
 
 	if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
-		log_warnx("accept: %s; pausing for %d ms", strerror(err),
-		    SERVER_ACCEPT_RETRY_US / 1000);
+		long long now = mono_us();
+
+		/* Once, then once every 10 s with a count: a pause every
+		 * 100 ms is 36,000 lines an hour per worker otherwise. */
+		if (srv->s_accept_logged_us == 0 ||
+		    now - srv->s_accept_logged_us >= SERVER_ACCEPT_LOG_US) {
+			if (srv->s_accept_unlogged)
+				log_warnx("accept: %s; pausing for %d ms (and %llu "
+				    "more pauses since)", strerror(err),
+				    SERVER_ACCEPT_RETRY_US / 1000,
+				    srv->s_accept_unlogged);
+			else
+				log_warnx("accept: %s; pausing for %d ms",
+				    strerror(err), SERVER_ACCEPT_RETRY_US / 1000);
+			srv->s_accept_logged_us = now;
+			srv->s_accept_unlogged = 0;
+		} else
+			srv->s_accept_unlogged++;
 		evconnlistener_disable(lev);
 		event_add(srv->s_accept_retry_ev, &tv);
 	}

@@ -331,12 +331,14 @@ def test_file_descriptor_exhaustion(start_daemon):
                 s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             except OSError:
                 pass
-        time.sleep(0.3)
+        time.sleep(1.0)
     finally:
         for s in conns:
             s.close()
     assert wait_until_healthy(d, 3), d.log()[-2000:]
     assert still_counts(d, "after-emfile")
+    # A pause every 100 ms, said once (then once every 10 s with a count).
+    assert d.log().count("accept: Too many open files") == 1, d.log()[-2000:]
 
 
 def wait_until_healthy(d, timeout):

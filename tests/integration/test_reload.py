@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -521,3 +522,29 @@ def test_sighup_during_startup_reloads_instead_of_killing(redis_server, tmp_path
         assert counted(d, "k1") == 200
     finally:
         assert d.stop() == 0, d.log()
+
+
+def test_file_changed_while_out_of_descriptors_is_loaded_once_they_return(ops_daemon):
+    """A change made while the daemon has no file descriptor to spare (a
+    burst of connections under a low `ulimit -n`) cannot be read: it must be
+    tried again, not recorded as refused, or the change is never loaded."""
+    import resource
+    d = ops_daemon(policy(route("api", "/api/", fw(3))))
+    pid = d.proc.pid
+    in_use = len(os.listdir("/proc/%d/fd" % pid))
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (in_use + 8, in_use + 8))
+    socks = []
+    try:
+        for _ in range(40):     # more than it can take: the rest wait in the backlog
+            socks.append(socket.create_connection(("127.0.0.1", d.port), timeout=2))
+        assert wait_until(lambda: len(os.listdir("/proc/%d/fd" % pid)) >= in_use + 8,
+                          timeout=3), "the daemon never ran out of descriptors"
+        with open(d.policy_path + ".new", "w") as f:
+            f.write(render(d, policy(route("api", "/api/", fw(7)))))
+        os.rename(d.policy_path + ".new", d.policy_path)
+        assert wait_until(lambda: "cannot open: Too many open files" in d.log(),
+                          timeout=RELOAD_S + 1), d.log()
+    finally:
+        for s in socks:
+            s.close()
+    assert wait_policy_limit(d, "api", 7, timeout=RELOAD_S + 1), d.log()
