@@ -3,13 +3,16 @@
  * encoded client key, checked against the policy generation and route, so a
  * reload or another route never reads a stale entry. An entry stays valid
  * until the latest retry time among the denying limits, all of which must be
- * of an algorithm whose denial cannot end early, counted from when the call
+ * of an algorithm whose denial cannot end early, and no longer than every
+ * limit's numbers in the reply stay what time alone makes them (see
+ * unchanged_ms), counted from when the call
  * was sent (Redis decided later) and less the millisecond the script rounds
  * up: answered from the reply's arrival, a client at 1000/s lost a third of
  * its quota to denials past their time. And at most DENYCACHE_MAX_US, and
  * over the same Redis link: state can vanish (a Redis restart, FLUSHDB, an
  * operator deleting a key to let a client in), and Redis must then be asked.
  */
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,6 +62,32 @@ exact_when_denied(enum algorithm a)
 	    a == ALGORITHM_GCRA;
 }
 
+/*
+ * For how long after the decision a limit's part of the reply is what
+ * time alone makes it (other traffic can only take quota): a cached reply
+ * is the reply Redis would give, not only the same verdict. A fixed
+ * window's count holds until its window ends. A bucket refills at moments
+ * the reply does not tell, unless it is full, or is denied one whole unit
+ * short, whose arrival is the retry time.
+ */
+static long long
+unchanged_ms(const struct limit *l, const struct limit_result *r, long long cost)
+{
+	switch (l->algorithm) {
+	case ALGORITHM_FIXED_WINDOW:
+		return r->reset_ms > 0 ? r->reset_ms : LLONG_MAX;
+	case ALGORITHM_TOKEN_BUCKET:
+	case ALGORITHM_GCRA:
+		if (r->remaining >= l->quota)
+			return LLONG_MAX;
+		if (!r->allowed && r->remaining == cost - 1)
+			return r->retry_ms;
+		return 0;
+	default:
+		return 0;
+	}
+}
+
 /* The client's slot on this route: a client over limits of two routes
  * keeps both denials (the slot from the client alone made them evict each
  * other). */
@@ -88,11 +117,15 @@ denycache_put(struct denycache *dc, const struct config *config,
     long long cost, const struct verdict *v, long long sent_us,
     long long now_us, unsigned long link)
 {
-	long long until_ms = 0, until_us;
+	long long until_ms = 0, until_us, retry_ms, unchanged = LLONG_MAX;
 	struct deny_entry *e;
 	uint64_t h1, h2;
 
 	for (size_t i = 0; i < v->n; i++) {
+		long long u = unchanged_ms(&set->limits[i], &v->r[i], cost);
+
+		if (u < unchanged)
+			unchanged = u;
 		if (v->r[i].allowed)
 			continue;
 		if (!exact_when_denied(set->limits[i].algorithm))
@@ -100,7 +133,12 @@ denycache_put(struct denycache *dc, const struct config *config,
 		if (v->r[i].retry_ms > until_ms)
 			until_ms = v->r[i].retry_ms;
 	}
-	/* retry_ms was rounded up: the denial surely holds until ms - 1. */
+	/* Clients are told the retry time; the entry serves while the whole
+	 * reply holds. */
+	retry_ms = until_ms;
+	if (unchanged < until_ms)
+		until_ms = unchanged;
+	/* The times were rounded up: they surely hold until ms - 1. */
 	until_us = sent_us + (until_ms - 1) * 1000;
 	if (until_us > now_us + DENYCACHE_MAX_US)
 		until_us = now_us + DENYCACHE_MAX_US;
@@ -115,7 +153,7 @@ denycache_put(struct denycache *dc, const struct config *config,
 	e->cost = cost;
 	e->link = link;
 	e->stored_us = now_us;
-	e->retry_at_us = now_us + until_ms * 1000;
+	e->retry_at_us = now_us + retry_ms * 1000;
 	e->until_us = until_us;
 	e->v = *v;
 }

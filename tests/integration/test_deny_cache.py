@@ -170,3 +170,53 @@ def test_cached_denial_forgotten_with_a_new_redis(start_daemon, redis_server, tm
         assert r.headers["X-RateLimit-Remaining"] == "1"
     finally:
         back.stop()
+
+
+TB_MULTI = policy(
+    "  - name: tb\n    match: {prefix: /tb/}\n    key: header:X-Api-Key\n"
+    "    limits: [{name: b, algorithm: token_bucket, rate: 5/s, burst: 5}]\n"
+    "  - name: multi\n    match: {prefix: /multi/}\n    key: header:X-Api-Key\n"
+    "    limits: [{name: burst, algorithm: token_bucket, rate: 5/s, burst: 5},\n"
+    "             {name: hour, algorithm: fixed_window, limit: 5, window: 1h}]\n",
+    timeout="500ms")
+
+
+def vcheck_cost(d, route, key, cost=1):
+    return requests.post(d.url("/v1/check"), json={"route": route, "key": key, "cost": cost},
+                         timeout=5)
+
+
+def test_cached_reply_is_the_one_redis_would_give(start_daemon, redis_server):
+    """A cached denial repeats the whole reply, so it may serve only while
+    every number in it stays what time alone makes it. Found by an audit:
+    a denial of cost 5 on a token bucket kept saying 0 remaining while the
+    bucket refilled (Redis said 3 a second later); on a route with a
+    refilling bucket and an exhausted fixed window, the bucket was still
+    reported denying 3 s after it had refilled."""
+    d = start_daemon(TB_MULTI)
+    rc = redis_server.client()
+    # Token bucket 5/s: empty it, ask for 5 (denied, 0 left), wait 0.5 s:
+    # 2 tokens are back, and the reply must say so.
+    assert [vcheck_cost(d, "tb", "k").status_code for _ in range(5)] == [200] * 5
+    assert vcheck_cost(d, "tb", "k", 5).json()["remaining"] == 0
+    time.sleep(0.5)
+    r = vcheck_cost(d, "tb", "k", 5)
+    assert r.status_code == 429 and r.json()["remaining"] >= 2, r.text
+    # Both limits spent: five requests, then a denial of both.
+    for _ in range(5):
+        assert vcheck_cost(d, "multi", "m").status_code == 200
+    first = vcheck_cost(d, "multi", "m").json()
+    assert [x["allowed"] for x in first["limits"]] == [False, False], first
+    time.sleep(1.2)                                  # the bucket has refilled 5
+    later = vcheck_cost(d, "multi", "m").json()
+    assert later["allowed"] is False
+    burst = later["limits"][0]
+    assert burst["allowed"] is True and burst["remaining"] == 5, later
+    # A single-limit denial one unit short holds until that unit is back:
+    # still answered without Redis (the hot-key case).
+    for _ in range(5):
+        check(d, "/check/tb/x", headers={"X-Api-Key": "hot"})
+    assert check(d, "/check/tb/x", headers={"X-Api-Key": "hot"}).status_code == 429
+    calls = script_calls(rc)
+    assert check(d, "/check/tb/x", headers={"X-Api-Key": "hot"}).status_code == 429
+    assert script_calls(rc) == calls, "a denial one token short was not cached"
