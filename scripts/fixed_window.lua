@@ -19,6 +19,15 @@ if USED.fixed_window then ALGORITHMS.fixed_window = {
     -- (formatted once per call) before as numbers: strtod is dear here.
     if state[1] == fmt_int(start) or tonumber(state[1]) == start then
       count = tonumber(state[2]) or 0
+    else
+      -- A count kept for a window of another length (a reload changed it)
+      -- whose span lies wholly inside this window: its requests are this
+      -- window's too. (A longer old window may hold requests from before
+      -- this one began: that count is not carried.)
+      local s0, w0 = tonumber(state[1]), tonumber(state[3])
+      if s0 and w0 and s0 >= start and s0 + w0 <= start + window then
+        count = tonumber(state[2]) or 0
+      end
     end
     local until_end = start + window - now
     local allowed = count + cost <= limit

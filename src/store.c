@@ -73,6 +73,7 @@ struct store_batch {
 };
 
 struct store {
+	int			 st_worker;	/* for the log */
 	struct event_base	*st_base;
 	struct metrics		*st_metrics;
 	redisAsyncContext	*st_ac;
@@ -183,7 +184,8 @@ on_connect(const redisAsyncContext *ac, int status)
 	if (status != REDIS_OK) {
 		/* hiredis frees the context itself after this callback. */
 		if (!st->st_logged_down)
-			log_warnx("redis %s: connect failed: %s", st->st_address,
+			log_warnx("worker %d: redis %s: connect failed: %s",
+			    st->st_worker, st->st_address,
 			    ac->errstr[0] ? ac->errstr : "unknown error");
 		st->st_logged_down = 1;
 		st->st_ac = NULL;
@@ -202,7 +204,8 @@ on_disconnect(const redisAsyncContext *ac, int status)
 	if (st == NULL || st->st_ac != ac)
 		return;
 	if (!st->st_logged_down)
-		log_warnx("redis %s: disconnected%s%s", st->st_address,
+		log_warnx("worker %d: redis %s: disconnected%s%s",
+		    st->st_worker, st->st_address,
 		    ac->errstr[0] ? ": " : "", ac->errstr[0] ? ac->errstr : "");
 	st->st_logged_down = 1;
 	st->st_ac = NULL;
@@ -219,7 +222,8 @@ static void
 handshake_refused(struct store *st, const char *step, const char *error)
 {
 	if (!st->st_logged_handshake)
-		log_warnx("redis %s: %s failed: %s", st->st_address, step, error);
+		log_warnx("worker %d: redis %s: %s failed: %s", st->st_worker,
+		    st->st_address, step, error);
 	st->st_logged_handshake = 1;
 	st->st_logged_down = 1;
 	st->st_handshake_failed = 1;
@@ -264,11 +268,14 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 		st->st_progress_us = mono_us();
 		if (!st->st_stalled) {
 			st->st_backoff_us = STORE_BACKOFF_MIN_US;
-			if (st->st_logged_down || log_enabled(LOG_LEVEL_DEBUG))
-				log_info("redis %s: connected", st->st_address);
+			/* Said for the first link too: an operator sees
+			 * which Redis each worker uses. */
+			log_info("worker %d: redis %s: connected", st->st_worker,
+			    st->st_address);
 			st->st_logged_down = 0;
 		} else
-			log_debug("redis %s: connected again; waiting for an answer",
+			log_debug("worker %d: redis %s: connected again; "
+			    "waiting for an answer", st->st_worker,
 			    st->st_address);
 		st->st_logged_handshake = 0;
 		set_state(st, STORE_UP);
@@ -296,8 +303,8 @@ on_info_cluster(redisAsyncContext *ac, void *r, void *privdata)
 	st->st_cluster = reply->type == REDIS_REPLY_STRING &&
 	    strstr(reply->str, "cluster_enabled:1") != NULL;
 	if (st->st_cluster && st->st_max_batch > 1)
-		log_info("redis %s: a Cluster node; one check per script call",
-		    st->st_address);
+		log_info("worker %d: redis %s: a Cluster node; one check per script call",
+		    st->st_worker, st->st_address);
 }
 
 static void
@@ -340,8 +347,8 @@ on_lookup(void *arg, const char *ip, const char *error)
 		return;
 	if (ip == NULL) {
 		if (!st->st_logged_down)
-			log_warnx("redis %s: cannot resolve the host: %s",
-			    st->st_address, error);
+			log_warnx("worker %d: redis %s: cannot resolve the host: %s",
+			    st->st_worker, st->st_address, error);
 		st->st_logged_down = 1;
 		schedule_retry(st);
 		return;
@@ -394,7 +401,8 @@ connect_to(struct store *st, const char *ip)
 		ac = redisAsyncConnect(ip, atoi(strrchr(st->st_address, ':') + 1));
 	if (ac == NULL || ac->err) {
 		if (!st->st_logged_down)
-			log_warnx("redis %s: connect failed: %s", st->st_address,
+			log_warnx("worker %d: redis %s: connect failed: %s",
+			    st->st_worker, st->st_address,
 			    ac ? ac->errstr : "out of memory");
 		st->st_logged_down = 1;
 		if (ac)
@@ -439,7 +447,8 @@ static void
 store_drop(struct store *st, const char *why)
 {
 	if (why)
-		log_warnx("redis %s: %s; reconnecting", st->st_address, why);
+		log_warnx("worker %d: redis %s: %s; reconnecting",
+		    st->st_worker, st->st_address, why);
 	event_active(st->st_drop_ev, EV_TIMEOUT, 0);
 }
 
@@ -480,14 +489,15 @@ on_handshake_timeout(evutil_socket_t fd, short what, void *arg)
 		/* Still looking the name up; the lookup runs on, for the next
 		 * attempt to use. */
 		if (!st->st_logged_down)
-			log_warnx("redis %s: the host's name was not resolved within "
-			    "connect_timeout", st->st_address);
+			log_warnx("worker %d: redis %s: the host's name was not resolved within "
+			    "connect_timeout", st->st_worker, st->st_address);
 		st->st_logged_down = 1;
 		schedule_retry(st);
 		return;
 	}
 	if (!st->st_logged_down)
-		log_warnx("redis %s: no answer within connect_timeout", st->st_address);
+		log_warnx("worker %d: redis %s: no answer within "
+		    "connect_timeout", st->st_worker, st->st_address);
 	st->st_logged_down = 1;
 	on_drop(-1, 0, st);
 }
@@ -502,8 +512,8 @@ on_watchdog(evutil_socket_t fd, short what, void *arg)
 	if (st->st_state == STORE_UP && st->st_inflight > 0 &&
 	    mono_us() - st->st_progress_us > st->st_stall_us) {
 		if (!st->st_stalled)
-			log_warnx("redis %s: no reply for %lld ms with %zu calls "
-			    "pending; dropping the link", st->st_address,
+			log_warnx("worker %d: redis %s: no reply for %lld ms with %zu calls "
+			    "pending; dropping the link", st->st_worker, st->st_address,
 			    (mono_us() - st->st_progress_us) / 1000,
 			    st->st_inflight);
 		st->st_stalled = 1;
@@ -614,7 +624,8 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 		st->st_progress_us = mono_us();
 	}
 	if (st->st_ac == ac && reply != NULL && st->st_stalled) {
-		log_info("redis %s: answering again", st->st_address);
+		log_info("worker %d: redis %s: answering again", st->st_worker,
+		    st->st_address);
 		st->st_stalled = 0;
 		st->st_backoff_us = STORE_BACKOFF_MIN_US;
 		st->st_logged_down = 0;
@@ -764,6 +775,15 @@ store_configure(struct store *st, const struct config *c)
 		st->st_stall_us = STORE_STALL_MIN_US;
 	if (!changed)
 		return;
+	/* Checks until the new link is up follow the failure mode: say why. */
+	if (st->st_address != NULL && str_differs(st->st_address, c->redis_address))
+		log_info("worker %d: redis %s: the policy moves this worker to "
+		    "redis %s; reconnecting", st->st_worker, st->st_address,
+		    c->redis_address);
+	else if (st->st_address != NULL)
+		log_info("worker %d: redis %s: the policy changes its "
+		    "credentials or database; reconnecting", st->st_worker,
+		    st->st_address);
 	replace(&st->st_address, c->redis_address);
 	replace(&st->st_username, c->redis_username);
 	replace(&st->st_password, c->redis_password);
@@ -785,12 +805,13 @@ store_configure(struct store *st, const struct config *c)
 }
 
 struct store *
-store_new(struct event_base *base, const struct config *config,
+store_new(int worker, struct event_base *base, const struct config *config,
     struct metrics *metrics)
 {
 	struct store *st = xcalloc(1, sizeof(*st));
 	struct timeval wd = tv_us(STORE_WATCHDOG_US);
 
+	st->st_worker = worker;
 	st->st_base = base;
 	st->st_metrics = metrics;
 	TAILQ_INIT(&st->st_queue);

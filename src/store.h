@@ -59,8 +59,9 @@ struct store_call {
 
 struct store;
 
-struct store *store_new(struct event_base *base, const struct config *config,
-    struct metrics *metrics);
+/* worker: the id its log lines carry. */
+struct store *store_new(int worker, struct event_base *base,
+    const struct config *config, struct metrics *metrics);
 /* Adopts the Redis settings of a new policy; reconnects if they changed. */
 void store_configure(struct store *st, const struct config *config);
 enum store_state store_state(const struct store *st);

@@ -134,7 +134,7 @@ worker_new(int id, int listen_fd, struct config *config)
 	w->w_drain_ev = event_new(w->w_base, -1, 0, on_drain, w);
 	w->w_drain_timer_ev = evtimer_new(w->w_base, on_drain_timeout, w);
 	w->w_stop_now_ev = event_new(w->w_base, -1, 0, on_stop_now, w);
-	w->w_store = store_new(w->w_base, config, w->w_metrics);
+	w->w_store = store_new(id, w->w_base, config, w->w_metrics);
 	return w;
 }
 

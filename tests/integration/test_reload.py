@@ -345,6 +345,11 @@ def test_reload_moves_to_another_redis(ops_daemon, tmp_path):
         r = check(d, "/check/api/x", headers={"X-Key": "k1"})
         assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "2"
         assert len(other.client().keys("*")) >= 1
+        # The log says where each worker went, and that it is connected.
+        log = d.log()
+        assert "worker 0: redis 127.0.0.1:%d: the policy moves this worker to " \
+            "redis 127.0.0.1:%d; reconnecting" % (d.redis_port, other.port) in log, log
+        assert "worker 0: redis 127.0.0.1:%d: connected" % other.port in log, log
     finally:
         other.stop()
 
@@ -548,3 +553,23 @@ def test_file_changed_while_out_of_descriptors_is_loaded_once_they_return(ops_da
         for s in socks:
             s.close()
     assert wait_policy_limit(d, "api", 7, timeout=RELOAD_S + 1), d.log()
+
+
+def test_longer_fixed_window_keeps_the_count(ops_daemon):
+    """A reload from 10 per minute to 10 per hour: the requests of this
+    minute are in this hour too, so they still count (SPEC 6: counters are
+    never keyed by the numbers). Back to a minute, the hour's count cannot
+    say how many fell in this minute: that window starts afresh."""
+    left = 3600 - time.time() % 3600
+    if left < 10:                 # all of it inside one hour
+        time.sleep(left + 0.05)
+    d = ops_daemon(policy(route("api", "/api/", fw(10, window="1m"))))
+    assert use_up(d, "k1", 4) == [200] * 4
+    d.write_policy(policy(route("api", "/api/", fw(10, window="1h"))))
+    assert wait_until(lambda: route_limits(d, "api")[0]["window"] == "3600s", timeout=RELOAD_S)
+    r = check(d, "/check/api/x", headers={"X-Key": "k1"})
+    assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "5", r.headers
+    d.write_policy(policy(route("api", "/api/", fw(10, window="1m"))))
+    assert wait_until(lambda: route_limits(d, "api")[0]["window"] == "60s", timeout=RELOAD_S)
+    r = check(d, "/check/api/x", headers={"X-Key": "k1"})
+    assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "9", r.headers
