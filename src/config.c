@@ -1237,6 +1237,14 @@ on_drain_timeout(struct loader *ld, const struct node *nd, const char *key, void
 	return get_duration(ld, nd, key, &((struct config *)t)->drain_timeout_us);
 }
 
+static int
+on_max_connections(struct loader *ld, const struct node *nd, const char *key,
+    void *t)
+{
+	return get_int(ld, nd, key, 1, CONFIG_CONNECTIONS_MAX,
+	    &((struct config *)t)->max_connections);
+}
+
 static const struct key_handler server_keys[] = {
 	{ "listen", on_listen },
 	{ "workers", on_workers },
@@ -1244,6 +1252,7 @@ static const struct key_handler server_keys[] = {
 	{ "ietf_headers", on_ietf },
 	{ "idle_timeout", on_idle_timeout },
 	{ "drain_timeout", on_drain_timeout },
+	{ "max_connections", on_max_connections },
 	{ NULL, NULL },
 };
 
@@ -2527,6 +2536,7 @@ config_defaults(const char *path)
 	c->deny_status = 429;
 	c->idle_timeout_us = 60 * US_PER_S;
 	c->drain_timeout_us = 5 * US_PER_S;
+	c->max_connections = CONFIG_CONNECTIONS_DEFAULT;
 	c->redis_address = xstrdup("127.0.0.1:6379");
 	c->redis_password_env = xstrdup("REDIS_PASSWORD");
 	c->redis_timeout_us = 50 * US_PER_MS;
@@ -2773,6 +2783,7 @@ config_to_json(const struct config *c)
 	json_object_set_new(server, "ietf_headers", json_boolean(c->ietf_headers));
 	json_object_set_new(server, "idle_timeout", duration_json(c->idle_timeout_us));
 	json_object_set_new(server, "drain_timeout", duration_json(c->drain_timeout_us));
+	json_object_set_new(server, "max_connections", json_integer(c->max_connections));
 	json_object_set_new(root, "server", server);
 
 	json_object_set_new(redis, "address", json_string(c->redis_address));

@@ -19,6 +19,8 @@
 #define CONFIG_BATCH_MAX	1000
 #define CONFIG_ROUTES_MAX	1000
 #define CONFIG_WORKERS_MAX	64
+#define CONFIG_CONNECTIONS_DEFAULT 10000	/* server.max_connections */
+#define CONFIG_CONNECTIONS_MAX	1000000
 #define CONFIG_KEY_RAW_MAX	256	/* longer client keys are hashed */
 
 enum algorithm {
@@ -105,6 +107,7 @@ struct config {
 	int		 ietf_headers;
 	long long	 idle_timeout_us;
 	long long	 drain_timeout_us;
+	long long	 max_connections;	/* the daemon's, shared by workers */
 
 	char		*redis_address;
 	int		 redis_database;

@@ -120,6 +120,10 @@ struct server {
 	int			 s_draining;	/* see server_drain */
 	long long		 s_accept_logged_us;
 	unsigned long long	 s_accept_unlogged;
+	size_t			 s_nconns;
+	size_t			 s_max_conns;	/* 0: no cap */
+	int			 s_full;	/* not accepting: at the cap */
+	long long		 s_full_logged_us;
 	server_handler		 s_handler;
 	void			*s_arg;
 	LIST_HEAD(, conn)	 s_conns;
@@ -180,10 +184,19 @@ reason(int status)
 	}
 }
 
+static void accept_again(struct server *);
+static void server_full(struct server *);
+
 static void
 conn_free(struct conn *c)
 {
+	struct server *srv = c->c_server;
+
 	LIST_REMOVE(c, c_entry);
+	if (--srv->s_nconns < srv->s_max_conns && srv->s_full) {
+		srv->s_full = 0;
+		accept_again(srv);
+	}
 	event_free(c->c_read_ev);
 	event_free(c->c_write_ev);
 	event_free(c->c_idle_ev);
@@ -770,6 +783,39 @@ on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
 	event_add(c->c_read_ev, NULL);
 	c->c_active_us = mono_coarse_us();
 	idle_arm(c, srv->s_idle_us);
+	if (++srv->s_nconns >= srv->s_max_conns && srv->s_max_conns)
+		server_full(srv);
+}
+
+/*
+ * At server.max_connections: new connections wait in the kernel's backlog
+ * (nginx at worker_connections does the same) until one closes. Each
+ * connection holds buffers, up to 80 KiB while a body arrives: the cap is
+ * what bounds the memory a flood of connections can take.
+ */
+static void
+server_full(struct server *srv)
+{
+	long long now = mono_us();
+
+	if (srv->s_full || srv->s_listener == NULL)
+		return;
+	srv->s_full = 1;
+	evconnlistener_disable(srv->s_listener);
+	if (srv->s_full_logged_us == 0 ||
+	    now - srv->s_full_logged_us >= SERVER_ACCEPT_LOG_US) {
+		log_warnx("%zu connections open, the most this worker takes "
+		    "(server.max_connections); new ones wait", srv->s_nconns);
+		srv->s_full_logged_us = now;
+	}
+}
+
+static void
+accept_again(struct server *srv)
+{
+	if (srv->s_listener && !srv->s_full &&
+	    !evtimer_pending(srv->s_accept_retry_ev, NULL))
+		evconnlistener_enable(srv->s_listener);
 }
 
 /* Out of descriptors: pause accepting instead of spinning on EMFILE. */
@@ -811,8 +857,7 @@ on_accept_retry(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	if (srv->s_listener)
-		evconnlistener_enable(srv->s_listener);
+	accept_again(srv);
 }
 
 struct server *
@@ -845,6 +890,18 @@ void
 server_set_idle_timeout(struct server *srv, long long us)
 {
 	srv->s_idle_us = us;	/* each connection's next timer uses it */
+}
+
+void
+server_set_max_connections(struct server *srv, size_t n)
+{
+	srv->s_max_conns = n;
+	if (srv->s_nconns >= n)
+		server_full(srv);
+	else if (srv->s_full) {
+		srv->s_full = 0;
+		accept_again(srv);
+	}
 }
 
 void

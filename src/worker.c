@@ -26,7 +26,14 @@
 static void
 apply_http_settings(struct worker *w)
 {
-	server_set_idle_timeout(w->w_server, w->w_config->idle_timeout_us);
+	const struct config *c = w->w_config;
+	long long n = c->workers_running > 0 ? c->workers_running : 1;
+
+	server_set_idle_timeout(w->w_server, c->idle_timeout_us);
+	/* An even share; a worker at its own accepts no more, the others
+	 * still do. */
+	server_set_max_connections(w->w_server,
+	    (size_t)((c->max_connections + n - 1) / n));
 }
 
 static void

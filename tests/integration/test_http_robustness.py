@@ -467,3 +467,29 @@ def test_client_that_never_reads_its_replies_holds_no_memory(start_daemon):
             got % len(reply):got % len(reply) + len(data)], data[:200]
         got += len(data)
     s.close()
+
+
+def test_max_connections_makes_new_ones_wait(start_daemon):
+    """At server.max_connections the daemon stops accepting, as nginx does
+    at worker_connections: a new connection waits in the backlog, unserved,
+    until one closes. A flood of connections, each with its buffers (10,000
+    held 629 MB), can no longer take what memory it likes."""
+    d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 4\n"))
+    assert requests.get(d.url("/v1/policy"), timeout=2).json()["server"]["max_connections"] == 4
+    held = [socket.create_connection(("127.0.0.1", d.port), timeout=2) for _ in range(4)]
+    try:
+        assert wait_until(lambda: "the most this worker takes" in d.log(), timeout=2), d.log()
+        waiting = socket.create_connection(("127.0.0.1", d.port), timeout=2)
+        waiting.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        waiting.settimeout(0.5)
+        with pytest.raises(socket.timeout):
+            waiting.recv(100)
+        held.pop().close()
+        waiting.settimeout(3)
+        assert waiting.recv(100).startswith(b"HTTP/1.1 200 OK")
+        waiting.close()
+    finally:
+        for s in held:
+            s.close()
+    assert healthy(d)
+    assert d.log().count("the most this worker takes") == 1, d.log()
