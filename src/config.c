@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -2576,6 +2577,20 @@ config_free(struct config *c)
 		free(c->warnings[i]);
 	free(c->warnings);
 	free(c);
+}
+
+long long
+config_connections_in_force(const struct config *c)
+{
+	struct rlimit rl;
+	long long room;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == -1 || rl.rlim_cur == RLIM_INFINITY)
+		return c->max_connections;
+	room = (long long)rl.rlim_cur - CONFIG_FDS_RESERVED;
+	if (room < 1)
+		room = 1;
+	return c->max_connections < room ? c->max_connections : room;
 }
 
 struct config *

@@ -21,6 +21,7 @@
 #define CONFIG_WORKERS_MAX	64
 #define CONFIG_CONNECTIONS_DEFAULT 10000	/* server.max_connections */
 #define CONFIG_CONNECTIONS_MAX	1000000
+#define CONFIG_FDS_RESERVED	(64 + 2 * CONFIG_WORKERS_MAX)
 #define CONFIG_KEY_RAW_MAX	256	/* longer client keys are hashed */
 
 enum algorithm {
@@ -146,6 +147,10 @@ struct config_errors {
 };
 
 struct config *config_load(const char *path, struct config_errors *errors);
+/* server.max_connections, or fewer when the file descriptor limit would
+ * not leave CONFIG_FDS_RESERVED for Redis links, the policy file and the
+ * rest: accepts must never take the descriptor a Redis reconnect needs. */
+long long config_connections_in_force(const struct config *config);
 struct config *config_ref(struct config *config);
 void config_unref(struct config *config);
 void config_errors_free(struct config_errors *errors);

@@ -91,8 +91,14 @@ print_errors(struct config_errors *errors)
 static void
 log_warnings(const struct config *c)
 {
+	long long in_force = config_connections_in_force(c);
+
 	for (size_t i = 0; i < c->nwarnings; i++)
 		log_warnx("%s", c->warnings[i]);
+	if (in_force < c->max_connections)
+		log_warnx("server.max_connections %lld: the file descriptor "
+		    "limit (ulimit -n) leaves room for %lld; raise it (systemd "
+		    "LimitNOFILE) for more", c->max_connections, in_force);
 }
 
 /* Interns route names for metric labels (stable across reloads). */

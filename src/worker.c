@@ -33,7 +33,7 @@ apply_http_settings(struct worker *w)
 	/* An even share; a worker at its own accepts no more, the others
 	 * still do. */
 	server_set_max_connections(w->w_server,
-	    (size_t)((c->max_connections + n - 1) / n));
+	    (size_t)((config_connections_in_force(c) + n - 1) / n));
 }
 
 static void

@@ -493,3 +493,31 @@ def test_max_connections_makes_new_ones_wait(start_daemon):
             s.close()
     assert healthy(d)
     assert d.log().count("the most this worker takes") == 1, d.log()
+
+
+def test_connection_cap_leaves_descriptors_for_redis(start_daemon, redis_server, tmp_path):
+    """Under a low `ulimit -n`, accepted connections could take every
+    descriptor, and the Redis link, once dropped, had to win a free one
+    against the accepts (an audit saw checks fail open for 4-7 s at a
+    time). The cap in force is what the limit leaves after a reserve, the
+    log says so at startup, and with every slot taken the link comes back."""
+    from conftest import BIN
+    wrapper = tmp_path / "low-nofile.sh"
+    wrapper.write_text("#!/bin/sh\nulimit -n 300\nexec %s \"$@\"\n" % BIN)
+    wrapper.chmod(0o755)
+    d = start_daemon(POL, bin=str(wrapper))
+    assert wait_until(lambda: "leaves room for 108" in d.log(), timeout=2), d.log()
+    held = []
+    try:
+        for _ in range(400):    # more than the descriptor limit
+            held.append(socket.create_connection(("127.0.0.1", d.port), timeout=2))
+        assert wait_until(lambda: "the most this worker takes" in d.log(), timeout=3), d.log()
+        # Drop the daemon's Redis link: it must come back although every
+        # connection slot is taken.
+        rc = redis_server.client()
+        rc.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        assert wait_until(lambda: d.log().count(": connected") >= 2, timeout=3), d.log()
+    finally:
+        for s in held:
+            s.close()
+    assert still_counts(d, "after-cap")
