@@ -23,10 +23,19 @@ if USED.fixed_window then ALGORITHMS.fixed_window = {
       -- A count kept for a window of another length (a reload changed it)
       -- whose span lies wholly inside this window: its requests are this
       -- window's too. (A longer old window may hold requests from before
-      -- this one began: that count is not carried.)
+      -- this one began: that count is not carried.) Carried now, denied or
+      -- not, as housekeeping that keeps the count: left to a charge, a
+      -- client denied until the old key expired started the new window
+      -- from zero.
       local s0, w0 = tonumber(state[1]), tonumber(state[3])
       if s0 and w0 and s0 >= start and s0 + w0 <= start + window then
         count = tonumber(state[2]) or 0
+        if count > 0 then
+          redis.call('HSET', key, 's', fmt_int(start), 'n', fmt_int(count),
+                     'w', fmt_int(window))
+          expire_in_us(key, start + window - now)
+          state[3] = fmt_int(window)
+        end
       end
     end
     local until_end = start + window - now

@@ -189,7 +189,8 @@ reload(struct env *env, const char *why)
 		 * next look (within a second), or a ConfigMap update made in
 		 * such a moment would never be loaded. */
 		if (errors.passing)
-			log_warnx("reload (%s): trying again within a second", why);
+			log_warnx("reload (%s): a changed file is tried again "
+			    "within a second", why);
 		else
 			env->loaded_stat = before;
 		config_errors_free(&errors);

@@ -277,6 +277,14 @@ conn_flush(struct conn *c)
 static void
 conn_out_append(struct conn *c, const char *data, size_t len)
 {
+	if (c->c_out_len + len > c->c_out_cap && c->c_out_off > 0) {
+		/* What a slow reader has taken makes room before the buffer
+		 * grows: else one that never lets it empty grows it forever. */
+		memmove(c->c_out, c->c_out + c->c_out_off,
+		    c->c_out_len - c->c_out_off);
+		c->c_out_len -= c->c_out_off;
+		c->c_out_off = 0;
+	}
 	if (c->c_out_len + len > c->c_out_cap) {
 		c->c_out_cap = (c->c_out_len + len) * 2;
 		c->c_out = xrealloc(c->c_out, c->c_out_cap);

@@ -151,6 +151,10 @@ worker_main(void *arg)
 	struct worker *w = arg;
 
 	event_base_dispatch(w->w_base);
+	/* From here on main must not touch the events: worker_stop_now. */
+	pthread_mutex_lock(&w->w_lock);
+	w->w_loop_done = 1;
+	pthread_mutex_unlock(&w->w_lock);
 	/* Everything is answered; now the teardown, in dependency order. */
 	check_finish_all(w);
 	store_free(w->w_store);
@@ -201,7 +205,11 @@ worker_drain(struct worker *w)
 void
 worker_stop_now(struct worker *w)
 {
-	event_active(w->w_stop_now_ev, EV_READ, 0);
+	/* A worker that has finished its drain has freed its events. */
+	pthread_mutex_lock(&w->w_lock);
+	if (!w->w_loop_done)
+		event_active(w->w_stop_now_ev, EV_READ, 0);
+	pthread_mutex_unlock(&w->w_lock);
 }
 
 void

@@ -28,7 +28,9 @@ struct worker {
 	struct denycache	*w_denycache;
 	struct config		*w_config;	/* the policy new checks use */
 
-	pthread_mutex_t		 w_lock;	/* guards w_next_config */
+	pthread_mutex_t		 w_lock;	/* guards w_next_config and
+						 * w_loop_done */
+	int			 w_loop_done;	/* its events are gone */
 	struct config		*w_next_config;	/* handed over by main */
 	struct event		*w_config_ev;
 	struct event		*w_drain_ev;

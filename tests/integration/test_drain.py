@@ -231,3 +231,23 @@ def test_second_signal_stops_at_once(ops_daemon, sig):
     assert took < 1.0, took
     assert [r[0] if isinstance(r, tuple) else r for r in results] == [200] * 5
     assert "again: answering what is left now" in d.log()
+
+
+def test_second_signal_after_idle_workers_finished(ops_daemon):
+    """Four workers, checks held on one connection (so on one worker): the
+    three idle workers finish their drain within 0.1 s and free their
+    events. A second SIGTERM after that must only reach the busy one (it
+    touched the freed events and crashed, 20 runs in 20)."""
+    d = ops_daemon(policy(route("lb", "/lb/", SHAPED % "6/m"),
+                          server="  workers: 4\n  drain_timeout: 10s\n"))
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=10)
+    try:
+        for _ in range(3):
+            s.sendall(b"GET /check/lb/x HTTP/1.1\r\nHost: x\r\nX-Key: one\r\n\r\n")
+        assert held(d, 1)
+        terminate(d)
+        time.sleep(0.4)
+        d.signal(signal.SIGTERM)
+        assert wait_exit(d, 5) == 0, d.log()
+    finally:
+        s.close()

@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+import redis
 import requests
 
 from conftest import BIN, Daemon, free_port, wait_until
@@ -565,10 +566,18 @@ def test_longer_fixed_window_keeps_the_count(ops_daemon):
         time.sleep(left + 0.05)
     d = ops_daemon(policy(route("api", "/api/", fw(10, window="1m"))))
     assert use_up(d, "k1", 4) == [200] * 4
+    assert use_up(d, "full", 11) == [200] * 10 + [429]
     d.write_policy(policy(route("api", "/api/", fw(10, window="1h"))))
     assert wait_until(lambda: route_limits(d, "api")[0]["window"] == "3600s", timeout=RELOAD_S)
     r = check(d, "/check/api/x", headers={"X-Key": "k1"})
     assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "5", r.headers
+    # A client denied after the reload keeps its count too: carried and
+    # written with the hour's expiry, not lost when the minute's key goes.
+    assert counted(d, "full") == 429
+    rc = redis.Redis(port=d.redis_port)
+    key = "rl:{api:full}:q:fixed_window"
+    assert rc.hget(key, "w") == b"3600000000" and rc.pttl(key) > 61000, \
+        (rc.hgetall(key), rc.pttl(key))
     d.write_policy(policy(route("api", "/api/", fw(10, window="1m"))))
     assert wait_until(lambda: route_limits(d, "api")[0]["window"] == "60s", timeout=RELOAD_S)
     r = check(d, "/check/api/x", headers={"X-Key": "k1"})
