@@ -13,9 +13,6 @@ went wrong, found by an audit with three daemons on one Redis:
     cached it, and was allowed everywhere else. Now an entry holds only
     over the connection it came from.
 """
-import queue
-import socket
-import threading
 import time
 
 import requests
@@ -23,6 +20,7 @@ import requests
 from conftest import RedisServer, wait_until
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
 from helpers import check, policy, rkey
+from proxies import SlowReplies
 
 GCRA = policy(
     "  - name: g\n    match: {prefix: /}\n    key: header:X-Api-Key\n"
@@ -31,80 +29,6 @@ GCRA = policy(
 FW = policy(
     "  - name: f\n    match: {prefix: /}\n    key: ip\n"
     "    limits: [{name: q, algorithm: fixed_window, limit: 2, window: 1h}]\n")
-
-
-class SlowReplies:
-    """A TCP proxy to Redis that holds every reply `delay` seconds, as a
-    Redis across a network would; requests go through at once."""
-
-    def __init__(self, redis_port, delay):
-        self.redis_port, self.delay = redis_port, delay
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.socks = []
-        self.closed = False
-        threading.Thread(target=self.accept, daemon=True).start()
-
-    def accept(self):
-        while not self.closed:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            try:
-                server = socket.create_connection(("127.0.0.1", self.redis_port))
-            except OSError:
-                client.close()          # Redis is gone: so is the link
-                continue
-            self.socks += [client, server]
-            held = queue.Queue()
-            threading.Thread(target=self.pump, args=(client, server, None), daemon=True).start()
-            threading.Thread(target=self.pump, args=(server, None, held), daemon=True).start()
-            threading.Thread(target=self.release, args=(held, client), daemon=True).start()
-
-    def pump(self, src, dst, held):
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                data = b""
-            if held is not None:
-                held.put((time.monotonic() + self.delay, data))
-            if not data:
-                return
-            if dst is not None:
-                try:
-                    dst.sendall(data)
-                except OSError:
-                    return
-
-    @staticmethod
-    def release(held, dst):
-        while True:
-            at, data = held.get()
-            time.sleep(max(0.0, at - time.monotonic()))
-            if not data:
-                dst.close()
-                return
-            try:
-                dst.sendall(data)
-            except OSError:
-                return
-
-    def close(self):
-        self.closed = True
-        # close() alone leaves the port listening while accept() blocks on
-        # it (the call holds the socket): a later connection would land here
-        try:
-            self.listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.listener.close()
-        for s in self.socks:
-            try:
-                s.close()
-            except OSError:
-                pass
 
 
 def redis_us(rc):

@@ -16,6 +16,7 @@ import requests
 from conftest import ROOT, RedisServer, wait_until
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
 from helpers import ArgsRedis, all_keys, check, healthy, policy, rkey, shared_daemon, vcheck
+from proxies import TrickledReplies
 
 TIMEOUT_S = 0.050
 SLACK_S = 0.250
@@ -898,80 +899,6 @@ def test_many_checks_held_by_a_paused_redis(start_daemon, redis_server):
     assert took < 30, took
     assert wait_until(lambda: limited_again(d), timeout=3), d.log()
     assert healthy(d)
-
-
-class TrickledReplies:
-    """A TCP proxy to Redis that passes requests at once and replies at
-    `rate` bytes a second (after the link's first 4 KiB, its handshake): a
-    Redis that answers, but slower than checks arrive."""
-
-    def __init__(self, redis_port, rate):
-        self.redis_port, self.rate = redis_port, rate
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.socks = []
-        threading.Thread(target=self.accept, daemon=True).start()
-
-    def accept(self):
-        while True:
-            try:
-                client, _ = self.listener.accept()
-                server = socket.create_connection(("127.0.0.1", self.redis_port))
-            except OSError:
-                return
-            self.socks += [client, server]
-            buf, lock = bytearray(), threading.Lock()
-            threading.Thread(target=self.up, args=(client, server), daemon=True).start()
-            threading.Thread(target=self.down, args=(server, buf, lock), daemon=True).start()
-            threading.Thread(target=self.release, args=(buf, lock, client),
-                             daemon=True).start()
-
-    @staticmethod
-    def up(src, dst):
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                dst.sendall(data)
-        except OSError:
-            pass
-
-    @staticmethod
-    def down(src, buf, lock):
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                with lock:
-                    buf.extend(data)
-        except OSError:
-            pass
-
-    def release(self, buf, lock, dst):
-        free, tick = 4096, 0.02
-        try:
-            while True:
-                time.sleep(tick)
-                with lock:
-                    n = int(self.rate * tick) + free
-                    out = bytes(buf[:n])
-                    del buf[:n]
-                free = 0
-                if out:
-                    dst.sendall(out)
-        except OSError:
-            pass
-
-    def close(self):
-        self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-        for s in self.socks:
-            try:
-                s.close()
-            except OSError:
-                pass
 
 
 def test_redis_slower_than_the_traffic_keeps_no_backlog(start_daemon, redis_server, tmp_path):
