@@ -374,13 +374,6 @@ run(const char *path)
 	struct sigaction sa;
 	sigset_t hup;
 
-	/* A SIGHUP before its handler is in place (`systemctl reload` just
-	 * after start) would end the process: held back until then, it
-	 * reloads. The workers, started meanwhile, keep it blocked, so it is
-	 * always the main thread's. */
-	sigemptyset(&hup);
-	sigaddset(&hup, SIGHUP);
-	sigprocmask(SIG_BLOCK, &hup, NULL);
 	memset(&env, 0, sizeof(env));
 	env.inotify_fd = -1;
 	if (stat(path, &env.loaded_stat) == -1)
@@ -422,7 +415,9 @@ run(const char *path)
 		sigs[i] = evsignal_new(env.base, signos[i], on_signal, &env);
 		event_add(sigs[i], NULL);
 	}
-	sigprocmask(SIG_UNBLOCK, &hup, NULL);
+	sigemptyset(&hup);
+	sigaddset(&hup, SIGHUP);
+	sigprocmask(SIG_UNBLOCK, &hup, NULL);	/* blocked in main() */
 	watch_policy_file(&env);
 	log_info("ratelimitd %s listening on %s with %d worker%s, redis %s, "
 	    "%zu routes", RATELIMITD_VERSION, env.config->listen, env.nworkers,
@@ -467,6 +462,16 @@ main(int argc, char **argv)
 	};
 	const char *path = NULL;
 	int test_only = 0, ch;
+	sigset_t hup;
+
+	/* A SIGHUP before its handler is in place (`systemctl reload` just
+	 * after start) would end the process: held back from the first
+	 * instruction of ours until run() has the handler, it then reloads.
+	 * The workers, started meanwhile, keep it blocked, so it is always
+	 * the main thread's. */
+	sigemptyset(&hup);
+	sigaddset(&hup, SIGHUP);
+	sigprocmask(SIG_BLOCK, &hup, NULL);
 
 	while ((ch = getopt_long(argc, argv, "c:thv", longopts, NULL)) != -1) {
 		switch (ch) {
