@@ -376,12 +376,15 @@ check_on_timer(evutil_socket_t fd, short what, void *arg)
 static void
 log_redis_errors_held(struct worker *w)
 {
+	/* Named as the store's lines are: which worker, which Redis. */
 	if (w->w_errors_unlogged > 1)
-		log_warnx("redis error on %s (and %llu more Redis errors since "
-		    "the last line like this)", w->w_error_last,
+		log_warnx("worker %d: redis %s: error on %s (and %llu more Redis "
+		    "errors since the last line like this)", w->w_id,
+		    w->w_config->redis_address, w->w_error_last,
 		    w->w_errors_unlogged - 1);
 	else if (w->w_errors_unlogged == 1)
-		log_warnx("redis error on %s", w->w_error_last);
+		log_warnx("worker %d: redis %s: error on %s", w->w_id,
+		    w->w_config->redis_address, w->w_error_last);
 	w->w_error_logged_us = mono_us();
 	w->w_errors_unlogged = 0;
 }

@@ -222,7 +222,8 @@ reload(struct env *env, const char *why)
 	env->config = c;
 	env->loaded_stat = before;
 	metrics_reload(1);
-	log_info("reload (%s): policy %s loaded, %zu routes", why, c->path, c->nroutes);
+	log_info("reload (%s): policy %s loaded, %zu route%s", why, c->path,
+	    c->nroutes, c->nroutes == 1 ? "" : "s");
 	log_warnings(c);
 }
 
@@ -420,9 +421,9 @@ run(const char *path)
 	sigprocmask(SIG_UNBLOCK, &hup, NULL);	/* blocked in main() */
 	watch_policy_file(&env);
 	log_info("ratelimitd %s listening on %s with %d worker%s, redis %s, "
-	    "%zu routes", RATELIMITD_VERSION, env.config->listen, env.nworkers,
+	    "%zu route%s", RATELIMITD_VERSION, env.config->listen, env.nworkers,
 	    env.nworkers == 1 ? "" : "s", env.config->redis_address,
-	    env.config->nroutes);
+	    env.config->nroutes, env.config->nroutes == 1 ? "" : "s");
 
 	event_base_dispatch(env.base);
 

@@ -21,6 +21,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -121,7 +122,7 @@ struct server {
 	long long		 s_accept_logged_us;
 	unsigned long long	 s_accept_unlogged;
 	size_t			 s_nconns;
-	size_t			 s_max_conns;	/* 0: no cap */
+	size_t			 s_max_conns;	/* SIZE_MAX until set */
 	int			 s_full;	/* not accepting: at the cap */
 	long long		 s_full_logged_us;
 	server_handler		 s_handler;
@@ -791,7 +792,7 @@ on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
 	event_add(c->c_read_ev, NULL);
 	c->c_active_us = mono_coarse_us();
 	idle_arm(c, srv->s_idle_us);
-	if (++srv->s_nconns >= srv->s_max_conns && srv->s_max_conns)
+	if (++srv->s_nconns >= srv->s_max_conns)
 		server_full(srv);
 }
 
@@ -810,10 +811,11 @@ server_full(struct server *srv)
 		return;
 	srv->s_full = 1;
 	evconnlistener_disable(srv->s_listener);
-	if (srv->s_full_logged_us == 0 ||
-	    now - srv->s_full_logged_us >= SERVER_ACCEPT_LOG_US) {
-		log_warnx("%zu connections open, the most this worker takes "
-		    "(server.max_connections); new ones wait", srv->s_nconns);
+	if (srv->s_max_conns > 0 && (srv->s_full_logged_us == 0 ||
+	    now - srv->s_full_logged_us >= SERVER_ACCEPT_LOG_US)) {
+		log_warnx("%zu connection%s open, the most this worker takes "
+		    "(server.max_connections); new ones wait", srv->s_nconns,
+		    srv->s_nconns == 1 ? "" : "s");
 		srv->s_full_logged_us = now;
 	}
 }
@@ -877,6 +879,7 @@ server_new(struct event_base *base, int listen_fd, server_handler handler,
 
 	LIST_INIT(&srv->s_conns);
 	srv->s_base = base;
+	srv->s_max_conns = SIZE_MAX;
 	srv->s_handler = handler;
 	srv->s_arg = arg;
 	server_set_idle_timeout(srv, 60LL * 1000000);

@@ -512,10 +512,11 @@ on_watchdog(evutil_socket_t fd, short what, void *arg)
 	if (st->st_state == STORE_UP && st->st_inflight > 0 &&
 	    mono_us() - st->st_progress_us > st->st_stall_us) {
 		if (!st->st_stalled)
-			log_warnx("worker %d: redis %s: no reply for %lld ms with %zu calls "
-			    "pending; dropping the link", st->st_worker, st->st_address,
+			log_warnx("worker %d: redis %s: no reply for %lld ms with "
+			    "%zu check%s pending; dropping the link",
+			    st->st_worker, st->st_address,
 			    (mono_us() - st->st_progress_us) / 1000,
-			    st->st_inflight);
+			    st->st_inflight, st->st_inflight == 1 ? "" : "s");
 		st->st_stalled = 1;
 		st->st_logged_down = 1;
 		on_drop(-1, 0, st);

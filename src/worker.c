@@ -28,12 +28,14 @@ apply_http_settings(struct worker *w)
 {
 	const struct config *c = w->w_config;
 	long long n = c->workers_running > 0 ? c->workers_running : 1;
+	long long total = config_connections_in_force(c);
 
 	server_set_idle_timeout(w->w_server, c->idle_timeout_us);
-	/* An even share; a worker at its own accepts no more, the others
-	 * still do. */
+	/* Shares that add up to the cap, the first workers taking one more
+	 * (a share may be 0); a worker at its own accepts no more, the
+	 * others still do. */
 	server_set_max_connections(w->w_server,
-	    (size_t)((config_connections_in_force(c) + n - 1) / n));
+	    (size_t)(total / n + (w->w_id < total % n)));
 }
 
 static void
@@ -74,8 +76,8 @@ on_drain_timeout(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	log_warnx("worker %d: drain_timeout reached; answering %zu checks now",
-	    w->w_id, w->w_nactive);
+	log_warnx("worker %d: drain_timeout reached; answering %zu check%s "
+	    "now", w->w_id, w->w_nactive, w->w_nactive == 1 ? "" : "s");
 	check_finish_all(w);
 	worker_check_done(w);
 }

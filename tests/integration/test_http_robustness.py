@@ -521,3 +521,28 @@ def test_connection_cap_leaves_descriptors_for_redis(start_daemon, redis_server,
         for s in held:
             s.close()
     assert still_counts(d, "after-cap")
+
+
+def test_max_connections_is_the_daemons_total_across_workers(start_daemon):
+    """The workers' shares add up to server.max_connections (3 over 2
+    workers: 2 and 1), so the cap holds for the daemon, not per worker."""
+    d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 3\n  workers: 2\n"))
+    held = []
+    try:
+        for _ in range(5):
+            held.append(socket.create_connection(("127.0.0.1", d.port), timeout=2))
+        time.sleep(0.3)
+        served = 0
+        for s in held:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        for s in held:
+            s.settimeout(0.5)
+            try:
+                served += s.recv(100).startswith(b"HTTP/1.1 200")
+            except socket.timeout:
+                pass
+        assert served == 3, served
+    finally:
+        for s in held:
+            s.close()
+    assert healthy(d)

@@ -682,13 +682,15 @@ def test_redis_error_replies_logged_once_a_second(start_daemon, redis_server):
                 r = s.get(d.url("/check/x"), headers={"X-Forwarded-For": "203.0.113.%d" % (i % 250)},
                           timeout=5)
                 assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "-1"
-            lines = [l for l in d.log().splitlines() if "redis error on route" in l]
+            lines = [l for l in d.log().splitlines() if ": error on route" in l]
             assert 1 <= len(lines) <= 2, lines
             assert "OOM" in lines[0]
+            assert "worker 0: redis 127.0.0.1:%d: error on route r: OOM" % (
+                redis_server.port) in lines[0], lines
         # The burst is over: within a second the errors held back are told,
         # with no further check to carry them; the lines account for all.
         time.sleep(1.2)
-        lines = [l for l in d.log().splitlines() if "redis error on route" in l]
+        lines = [l for l in d.log().splitlines() if ": error on route" in l]
         assert "more Redis errors since the last line like this" in lines[-1], lines
         told = sum(1 + int(m.group(1)) if m else 1 for m in
                    (re.search(r"\(and (\d+) more Redis errors", l) for l in lines))
