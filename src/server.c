@@ -948,6 +948,22 @@ server_drain(struct server *srv)
 	}
 }
 
+int
+server_busy(struct server *srv)
+{
+	struct conn *c;
+	char byte;
+
+	LIST_FOREACH(c, &srv->s_conns, c_entry) {
+		if (c->c_dead || c->c_lingering)
+			continue;
+		if (c->c_pending || c->c_in_len > 0 || c->c_out_len != 0 ||
+		    recv(c->c_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1)
+			return 1;
+	}
+	return 0;
+}
+
 void
 server_free(struct server *srv)
 {

@@ -31,6 +31,9 @@ void server_stop_accepting(struct server *srv);
  * (Connection: close), as nginx does when it exits.
  */
 void server_drain(struct server *srv);
+/* Is a reply still going out, or a request coming in (read, or waiting
+ * in a socket)? */
+int server_busy(struct server *srv);
 /* Closes every connection. Every request must have been answered. */
 void server_free(struct server *srv);
 

@@ -36,6 +36,8 @@ struct worker {
 	struct event		*w_drain_ev;
 	struct event		*w_drain_timer_ev;
 	struct event		*w_stop_now_ev;
+	struct event		*w_flush_ev;	/* see worker_check_done */
+	long long		 w_flush_until_us;
 	int			 w_draining;
 	struct event		*w_exit_ev;	/* main's, told at the end */
 	atomic_int		 w_exited;

@@ -251,3 +251,21 @@ def test_second_signal_after_idle_workers_finished(ops_daemon):
         assert wait_exit(d, 5) == 0, d.log()
     finally:
         s.close()
+
+
+def test_daemon_with_nothing_to_finish_exits_at_once(ops_daemon):
+    """With no check in flight and no reply going out, the drain is over at
+    once: the process does not sit out a fixed 100 ms, a gap in which a
+    gateway with this daemon as its only upstream fails every check (it
+    could not connect, and the new daemon could not start yet). Best of
+    three, for a busy machine."""
+    took = []
+    for _ in range(3):
+        d = ops_daemon(shaped_policy("2/s", "5s"))
+        s = requests.Session()
+        assert s.get(d.url("/healthz"), timeout=2).status_code == 200   # kept alive
+        t0 = terminate(d)
+        assert wait_exit(d, 3) == 0, d.log()
+        took.append(time.monotonic() - t0)
+        s.close()
+    assert min(took) < 0.09, took
