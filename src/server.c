@@ -187,6 +187,8 @@ reason(int status)
 
 static void accept_again(struct server *);
 static void server_full(struct server *);
+static int close_an_idle_connection(struct server *, const struct conn *,
+    int);
 
 static void
 conn_free(struct conn *c)
@@ -792,8 +794,48 @@ on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
 	event_add(c->c_read_ev, NULL);
 	c->c_active_us = mono_coarse_us();
 	idle_arm(c, srv->s_idle_us);
-	if (++srv->s_nconns >= srv->s_max_conns)
+	/* Over the cap, the connection idle longest makes room; at it, the
+	 * worker stops accepting unless one is idle to make room for the
+	 * next. (So a worker holds one more than its share while another
+	 * connection goes from idle to busy in the meantime.) */
+	if (++srv->s_nconns > srv->s_max_conns) {
+		if (!close_an_idle_connection(srv, c, 1))
+			server_full(srv);
+	} else if (srv->s_nconns == srv->s_max_conns &&
+	    !close_an_idle_connection(srv, c, 0))
 		server_full(srv);
+}
+
+/*
+ * At the cap, the connection idle longest (no request under way, nothing
+ * to send, nothing arriving) makes room, as nginx closes an idle
+ * keep-alive connection when it runs out at worker_connections: else a
+ * gateway's pool of idle connections would hold every slot while its new
+ * connections, and a health probe's, waited in the backlog. A gateway
+ * whose idle connection is closed opens another. Never the one just
+ * accepted. 1 if there is one (closed if close_it).
+ */
+static int
+close_an_idle_connection(struct server *srv, const struct conn *newest,
+    int close_it)
+{
+	struct conn *c, *oldest = NULL;
+	char byte;
+
+	LIST_FOREACH(c, &srv->s_conns, c_entry) {
+		if (c == newest || c->c_pending || c->c_processing ||
+		    c->c_in_len > 0 || c->c_out_len != 0 || c->c_lingering ||
+		    c->c_dead || c->c_closing)
+			continue;
+		if (oldest == NULL || c->c_active_us < oldest->c_active_us)
+			oldest = c;
+	}
+	if (oldest == NULL ||
+	    recv(oldest->c_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1)
+		return 0;
+	if (close_it)
+		conn_free(oldest);
+	return 1;
 }
 
 /*
@@ -1097,7 +1139,10 @@ request_reply(struct http_request *req, int status, const char *content_type,
 	struct conn *c = req->rq_conn;
 	char head[SERVER_REPLY_HEAD_MAX], num[FMT_LL_MAX];
 	size_t n = 0;
-	int keepalive = req->rq_keepalive && !c->c_server->s_draining;
+	/* Draining, every reply is its connection's last; at the connection
+	 * cap too, so that connections waiting in the backlog get a turn. */
+	int keepalive = req->rq_keepalive && !c->c_server->s_draining &&
+	    !c->c_server->s_full;
 
 	c->c_pending = 0;
 	if (!c->c_dead) {

@@ -469,14 +469,25 @@ def test_client_that_never_reads_its_replies_holds_no_memory(start_daemon):
     s.close()
 
 
+def busy_connection(port):
+    """A connection in the middle of sending a request head: not idle, once
+    the daemon has read it (hence the pause)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=2)
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+    time.sleep(0.05)
+    return s
+
+
 def test_max_connections_makes_new_ones_wait(start_daemon):
-    """At server.max_connections the daemon stops accepting, as nginx does
-    at worker_connections: a new connection waits in the backlog, unserved,
-    until one closes. A flood of connections, each with its buffers (10,000
-    held 629 MB), can no longer take what memory it likes."""
+    """At server.max_connections of busy connections the daemon stops
+    accepting, as nginx does at worker_connections: a new connection waits
+    in the backlog, unserved, until one closes; and while it is full every
+    reply closes its connection, so that the waiting get a turn. A flood of
+    connections, each with its buffers (10,000 held 629 MB), can no longer
+    take what memory it likes."""
     d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 4\n"))
     assert requests.get(d.url("/v1/policy"), timeout=2).json()["server"]["max_connections"] == 4
-    held = [socket.create_connection(("127.0.0.1", d.port), timeout=2) for _ in range(4)]
+    held = [busy_connection(d.port) for _ in range(4)]
     try:
         assert wait_until(lambda: "the most this worker takes" in d.log(), timeout=2), d.log()
         waiting = socket.create_connection(("127.0.0.1", d.port), timeout=2)
@@ -484,7 +495,12 @@ def test_max_connections_makes_new_ones_wait(start_daemon):
         waiting.settimeout(0.5)
         with pytest.raises(socket.timeout):
             waiting.recv(100)
-        held.pop().close()
+        done = held.pop(0)
+        done.sendall(b"\r\n")                 # its request complete
+        done.settimeout(3)
+        reply = done.recv(1000)
+        assert reply.startswith(b"HTTP/1.1 200 OK") and b"\r\nConnection: close" in reply
+        assert done.recv(100) == b""
         waiting.settimeout(3)
         assert waiting.recv(100).startswith(b"HTTP/1.1 200 OK")
         waiting.close()
@@ -493,6 +509,56 @@ def test_max_connections_makes_new_ones_wait(start_daemon):
             s.close()
     assert healthy(d)
     assert d.log().count("the most this worker takes") == 1, d.log()
+
+
+def test_idle_connections_make_room_at_the_cap(start_daemon):
+    """A gateway keeps idle connections in its pool: at the cap, the one
+    idle longest is closed for a new connection (as nginx does at
+    worker_connections), so new checks and health probes never wait behind
+    an idle pool (they waited for the gateway's read timeout, 5 s in
+    conf/nginx.conf, and failed)."""
+    d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 4\n"))
+    pool = []
+    for _ in range(4):
+        s = socket.create_connection(("127.0.0.1", d.port), timeout=2)
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(1000).startswith(b"HTTP/1.1 200 OK")
+        pool.append(s)
+        time.sleep(0.02)
+    try:
+        t0 = time.monotonic()
+        r = requests.get(d.url("/healthz"), timeout=3)
+        assert r.status_code == 200 and time.monotonic() - t0 < 1.0
+        pool[0].settimeout(2)
+        assert pool[0].recv(100) == b"", "the longest idle was not the one closed"
+        for s in pool[1:]:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.settimeout(2)
+            assert s.recv(1000).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        for s in pool:
+            s.close()
+
+
+def test_max_connections_is_the_daemons_total_across_workers(start_daemon):
+    """The workers' shares add up to server.max_connections (3 over 2
+    workers: 2 and 1), so the cap holds for the daemon, not per worker:
+    of 5 busy connections, 3 are taken."""
+    d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 3\n  workers: 2\n"))
+
+    def sockets():
+        fds = "/proc/%d/fd" % d.proc.pid
+        return sum(os.readlink(os.path.join(fds, f)).startswith("socket:")
+                   for f in os.listdir(fds))
+    before = sockets()
+    held = [busy_connection(d.port) for _ in range(5)]
+    try:
+        time.sleep(0.2)
+        assert sockets() - before == 3
+    finally:
+        for s in held:
+            s.close()
+    assert healthy(d)
 
 
 def test_connection_cap_leaves_descriptors_for_redis(start_daemon, redis_server, tmp_path):
@@ -509,8 +575,10 @@ def test_connection_cap_leaves_descriptors_for_redis(start_daemon, redis_server,
     assert wait_until(lambda: "leaves room for 108" in d.log(), timeout=2), d.log()
     held = []
     try:
-        for _ in range(400):    # more than the descriptor limit
-            held.append(socket.create_connection(("127.0.0.1", d.port), timeout=2))
+        for _ in range(400):    # more than the descriptor limit, all busy
+            s = socket.create_connection(("127.0.0.1", d.port), timeout=2)
+            s.sendall(b"GET /healthz HTTP/1.1\r\n")
+            held.append(s)
         assert wait_until(lambda: "the most this worker takes" in d.log(), timeout=3), d.log()
         # Drop the daemon's Redis link: it must come back although every
         # connection slot is taken.
@@ -521,28 +589,3 @@ def test_connection_cap_leaves_descriptors_for_redis(start_daemon, redis_server,
         for s in held:
             s.close()
     assert still_counts(d, "after-cap")
-
-
-def test_max_connections_is_the_daemons_total_across_workers(start_daemon):
-    """The workers' shares add up to server.max_connections (3 over 2
-    workers: 2 and 1), so the cap holds for the daemon, not per worker."""
-    d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 3\n  workers: 2\n"))
-    held = []
-    try:
-        for _ in range(5):
-            held.append(socket.create_connection(("127.0.0.1", d.port), timeout=2))
-        time.sleep(0.3)
-        served = 0
-        for s in held:
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        for s in held:
-            s.settimeout(0.5)
-            try:
-                served += s.recv(100).startswith(b"HTTP/1.1 200")
-            except socket.timeout:
-                pass
-        assert served == 3, served
-    finally:
-        for s in held:
-            s.close()
-    assert healthy(d)
