@@ -425,6 +425,7 @@ def test_unreachable_daemon_fails_closed(tmp_path, upstream):
     try:
         r = get(gw, "/api/x")
         assert r.status_code == 500
+        assert r.json() == {"error": "rate_limiter_unreachable"}, r.text
         assert upstream.count("/") == 0
     finally:
         gw.stop()
