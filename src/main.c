@@ -16,6 +16,7 @@
 #include <libgen.h>
 #include <netdb.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -296,6 +297,37 @@ on_inotify(evutil_socket_t fd, short what, void *arg)
 		event_add(env->debounce_ev, &tv);
 }
 
+/*
+ * systemd's readiness protocol (sd_notify(3)) without libsystemd: one
+ * datagram to $NOTIFY_SOCKET, when there is one. Under Type=notify,
+ * `systemctl start` returns, and `systemctl reload` may send SIGHUP, only
+ * once the daemon serves and its handlers are in place (a SIGHUP in the
+ * first milliseconds after exec, before main runs, ends the process).
+ */
+static void
+notify_systemd(const char *state)
+{
+	const char *path = getenv("NOTIFY_SOCKET");
+	struct sockaddr_un sun;
+	size_t plen;
+	int fd;
+
+	if (path == NULL || (path[0] != '/' && path[0] != '@') ||
+	    (plen = strlen(path)) >= sizeof(sun.sun_path))
+		return;
+	memset(&sun, 0, sizeof(sun));
+	sun.sun_family = AF_UNIX;
+	memcpy(sun.sun_path, path, plen);
+	if (sun.sun_path[0] == '@')
+		sun.sun_path[0] = '\0';	/* an abstract socket */
+	if ((fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0)) == -1)
+		return;
+	(void)sendto(fd, state, strlen(state), MSG_NOSIGNAL,
+	    (struct sockaddr *)&sun,
+	    (socklen_t)(offsetof(struct sockaddr_un, sun_path) + plen));
+	close(fd);
+}
+
 static void
 on_signal(evutil_socket_t sig, short what, void *arg)
 {
@@ -318,6 +350,7 @@ on_signal(evutil_socket_t sig, short what, void *arg)
 		return;
 	}
 	env->stopping = 1;
+	notify_systemd("STOPPING=1");
 	log_info("%s: draining (at most %lld ms)", sig == SIGTERM ? "SIGTERM" :
 	    "SIGINT", env->config->drain_timeout_us / 1000);
 	for (int i = 0; i < env->nworkers; i++)
@@ -424,6 +457,7 @@ run(const char *path)
 	    "%zu route%s", RATELIMITD_VERSION, env.config->listen, env.nworkers,
 	    env.nworkers == 1 ? "" : "s", env.config->redis_address,
 	    env.config->nroutes, env.config->nroutes == 1 ? "" : "s");
+	notify_systemd("READY=1");
 
 	event_base_dispatch(env.base);
 

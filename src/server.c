@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -56,6 +57,7 @@
  * wait: a client that sends and never reads must not grow memory without
  * bound (nginx, too, reads the next request only once a reply is out). */
 #define SERVER_OUT_BACKLOG_MAX	 65536
+#define SERVER_IDLE_TRIES	 8	/* see close_an_idle_connection */
 
 struct header {
 	const char	*name;
@@ -107,6 +109,8 @@ struct conn {
 	int		 c_dead;		/* unusable; free after the reply */
 	int		 c_continue_sent;	/* 100 Continue for this request */
 	int		 c_lingering;		/* error sent: drain input, then close */
+	int		 c_answered;		/* a reply went out: keep-alive */
+	int		 c_skip;		/* see close_an_idle_connection */
 	int		 c_shut;		/* shutdown(SHUT_WR) done */
 	int		 c_has_peer;
 	char		 c_peer[INET6_ADDRSTRLEN];
@@ -186,6 +190,7 @@ reason(int status)
 }
 
 static void accept_again(struct server *);
+static int server_has_waiters(struct server *);
 static void server_full(struct server *);
 static int close_an_idle_connection(struct server *, const struct conn *,
     int);
@@ -819,23 +824,37 @@ static int
 close_an_idle_connection(struct server *srv, const struct conn *newest,
     int close_it)
 {
-	struct conn *c, *oldest = NULL;
+	struct conn *c, *oldest;
 	char byte;
+	int tries, found = 0;
 
-	LIST_FOREACH(c, &srv->s_conns, c_entry) {
-		if (c == newest || c->c_pending || c->c_processing ||
-		    c->c_in_len > 0 || c->c_out_len != 0 || c->c_lingering ||
-		    c->c_dead || c->c_closing)
-			continue;
-		if (oldest == NULL || c->c_active_us < oldest->c_active_us)
-			oldest = c;
+	/* A connection with a request waiting in its socket is not idle:
+	 * skipped, and the next oldest looked at, a few times over. */
+	for (tries = 0; tries < SERVER_IDLE_TRIES && !found; tries++) {
+		oldest = NULL;
+		LIST_FOREACH(c, &srv->s_conns, c_entry) {
+			/* Only a kept-alive one: a fresh connection's first
+			 * request may be on its way. */
+			if (c == newest || c->c_skip || !c->c_answered ||
+			    c->c_pending || c->c_processing ||
+			    c->c_in_len > 0 || c->c_out_len != 0 ||
+			    c->c_lingering || c->c_dead || c->c_closing)
+				continue;
+			if (oldest == NULL || c->c_active_us < oldest->c_active_us)
+				oldest = c;
+		}
+		if (oldest == NULL)
+			break;
+		if (recv(oldest->c_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1)
+			oldest->c_skip = 1;
+		else
+			found = 1;
 	}
-	if (oldest == NULL ||
-	    recv(oldest->c_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1)
-		return 0;
-	if (close_it)
+	LIST_FOREACH(c, &srv->s_conns, c_entry)
+		c->c_skip = 0;
+	if (found && close_it)
 		conn_free(oldest);
-	return 1;
+	return found;
 }
 
 /*
@@ -860,6 +879,19 @@ server_full(struct server *srv)
 		    srv->s_nconns == 1 ? "" : "s");
 		srv->s_full_logged_us = now;
 	}
+}
+
+/* Are connections waiting in the listening socket's backlog? */
+static int
+server_has_waiters(struct server *srv)
+{
+	struct pollfd pfd;
+
+	if (srv->s_listener == NULL)
+		return 0;
+	pfd.fd = evconnlistener_get_fd(srv->s_listener);
+	pfd.events = POLLIN;
+	return poll(&pfd, 1, 0) == 1 && (pfd.revents & POLLIN);
 }
 
 static void
@@ -949,7 +981,8 @@ void
 server_set_max_connections(struct server *srv, size_t n)
 {
 	srv->s_max_conns = n;
-	if (srv->s_nconns >= n)
+	if (srv->s_nconns > n ||
+	    (srv->s_nconns == n && !close_an_idle_connection(srv, NULL, 0)))
 		server_full(srv);
 	else if (srv->s_full) {
 		srv->s_full = 0;
@@ -997,8 +1030,15 @@ server_busy(struct server *srv)
 	char byte;
 
 	LIST_FOREACH(c, &srv->s_conns, c_entry) {
-		if (c->c_dead || c->c_lingering)
+		if (c->c_dead)
 			continue;
+		/* A lingering connection's input is only dropped, but its
+		 * error reply, and what went before it, must still go out. */
+		if (c->c_lingering) {
+			if (c->c_out_len != 0)
+				return 1;
+			continue;
+		}
 		if (c->c_pending || c->c_in_len > 0 || c->c_out_len != 0 ||
 		    recv(c->c_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1)
 			return 1;
@@ -1140,11 +1180,12 @@ request_reply(struct http_request *req, int status, const char *content_type,
 	char head[SERVER_REPLY_HEAD_MAX], num[FMT_LL_MAX];
 	size_t n = 0;
 	/* Draining, every reply is its connection's last; at the connection
-	 * cap too, so that connections waiting in the backlog get a turn. */
+	 * cap too while others wait in the backlog, so that they get a turn. */
 	int keepalive = req->rq_keepalive && !c->c_server->s_draining &&
-	    !c->c_server->s_full;
+	    !(c->c_server->s_full && server_has_waiters(c->c_server));
 
 	c->c_pending = 0;
+	c->c_answered = 1;
 	if (!c->c_dead) {
 		/* Built by hand: snprintf's format parsing showed in profiles of
 		 * the hot path, and every piece here is short and bounded. */

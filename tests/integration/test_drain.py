@@ -269,3 +269,23 @@ def test_daemon_with_nothing_to_finish_exits_at_once(ops_daemon):
         took.append(time.monotonic() - t0)
         s.close()
     assert min(took) < 0.09, took
+
+
+def test_systemd_readiness_and_stopping_notifications(ops_daemon, tmp_path):
+    """With $NOTIFY_SOCKET set (systemd, Type=notify), the daemon says
+    READY=1 once it serves with its signal handlers in place, so that
+    `systemctl reload` cannot send a SIGHUP before it can take one, and
+    STOPPING=1 when a stop signal comes."""
+    path = str(tmp_path / "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(10)
+    try:
+        d = ops_daemon(shaped_policy(), env={"NOTIFY_SOCKET": path})
+        assert sock.recv(100) == b"READY=1"
+        assert requests.get(d.url("/healthz"), timeout=2).status_code == 200
+        terminate(d)
+        assert sock.recv(100) == b"STOPPING=1"
+        assert wait_exit(d, 5) == 0, d.log()
+    finally:
+        sock.close()
