@@ -10,15 +10,25 @@
 -- another length (a reload, or a sidecar with another policy, whose window
 -- happens to start at the same instant) sets it again. A hash written by a
 -- build without `w` gets it, and its expiry, on its next charge.
-if USED.fixed_window then ALGORITHMS.fixed_window = {
+if USED.fixed_window then
+-- The window starting at `start`, holding n, with its expiry at its end.
+local function fw_write(key, now, start, n, window)
+  redis.call('HSET', key, 's', fmt_int(start), 'n', fmt_int(n), 'w', fmt_int(window))
+  expire_in_us(key, start + window - now)
+end
+
+ALGORITHMS.fixed_window = {
   check = function(key, now, cost, limit, window)
     local start = math.floor(now / window) * window
     local state = redis.call('HMGET', key, 's', 'n', 'w')
     local count = 0
+    local expiry_set = false   -- for this window length: a charge adds only
     -- The stored numbers are compared as the strings this script writes
     -- (formatted once per call) before as numbers: strtod is dear here.
     if state[1] == fmt_int(start) or tonumber(state[1]) == start then
       count = tonumber(state[2]) or 0
+      expiry_set = count > 0 and (state[3] == fmt_int(window)
+                                  or tonumber(state[3]) == window)
     else
       -- A count kept for a window of another length (a reload changed it)
       -- whose span lies wholly inside this window: its requests are this
@@ -31,10 +41,8 @@ if USED.fixed_window then ALGORITHMS.fixed_window = {
       if s0 and w0 and s0 >= start and s0 + w0 <= start + window then
         count = tonumber(state[2]) or 0
         if count > 0 then
-          redis.call('HSET', key, 's', fmt_int(start), 'n', fmt_int(count),
-                     'w', fmt_int(window))
-          expire_in_us(key, start + window - now)
-          state[3] = fmt_int(window)
+          fw_write(key, now, start, count, window)
+          expiry_set = true
         end
       end
     end
@@ -54,8 +62,7 @@ if USED.fixed_window then ALGORITHMS.fixed_window = {
       delay = 0,
       start = start,
       count = count,
-      expiry_set = count > 0 and (state[3] == fmt_int(window)
-                                  or tonumber(state[3]) == window),
+      expiry_set = expiry_set,
     }
   end,
   commit = function(key, now, cost, r, limit, window)
@@ -63,8 +70,7 @@ if USED.fixed_window then ALGORITHMS.fixed_window = {
       redis.call('HINCRBY', key, 'n', fmt_int(cost))
       return
     end
-    redis.call('HSET', key, 's', fmt_int(r.start), 'n', fmt_int(r.count + cost),
-               'w', fmt_int(window))
-    expire_in_us(key, r.start + window - now)
+    fw_write(key, now, r.start, r.count + cost, window)
   end,
-} end
+}
+end

@@ -15,6 +15,7 @@
 #include <getopt.h>
 #include <libgen.h>
 #include <netdb.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -87,6 +88,17 @@ print_errors(struct config_errors *errors)
 {
 	for (size_t i = 0; i < errors->n; i++)
 		fprintf(stderr, "%s\n", errors->lines[i]);
+}
+
+/* SIG_BLOCK or SIG_UNBLOCK SIGHUP for the calling thread. */
+static void
+hold_sighup(int how)
+{
+	sigset_t hup;
+
+	sigemptyset(&hup);
+	sigaddset(&hup, SIGHUP);
+	pthread_sigmask(how, &hup, NULL);
 }
 
 static void
@@ -406,7 +418,6 @@ run(const char *path)
 	struct event *sigs[4];
 	const int signos[4] = { SIGHUP, SIGTERM, SIGINT, 0 };
 	struct sigaction sa;
-	sigset_t hup;
 
 	memset(&env, 0, sizeof(env));
 	env.inotify_fd = -1;
@@ -449,9 +460,7 @@ run(const char *path)
 		sigs[i] = evsignal_new(env.base, signos[i], on_signal, &env);
 		event_add(sigs[i], NULL);
 	}
-	sigemptyset(&hup);
-	sigaddset(&hup, SIGHUP);
-	sigprocmask(SIG_UNBLOCK, &hup, NULL);	/* blocked in main() */
+	hold_sighup(SIG_UNBLOCK);	/* blocked in main() */
 	watch_policy_file(&env);
 	log_info("ratelimitd %s listening on %s with %d worker%s, redis %s, "
 	    "%zu route%s", RATELIMITD_VERSION, env.config->listen, env.nworkers,
@@ -497,16 +506,13 @@ main(int argc, char **argv)
 	};
 	const char *path = NULL;
 	int test_only = 0, ch;
-	sigset_t hup;
 
 	/* A SIGHUP before its handler is in place (`systemctl reload` just
 	 * after start) would end the process: held back from the first
 	 * instruction of ours until run() has the handler, it then reloads.
 	 * The workers, started meanwhile, keep it blocked, so it is always
 	 * the main thread's. */
-	sigemptyset(&hup);
-	sigaddset(&hup, SIGHUP);
-	sigprocmask(SIG_BLOCK, &hup, NULL);
+	hold_sighup(SIG_BLOCK);
 
 	while ((ch = getopt_long(argc, argv, "c:thv", longopts, NULL)) != -1) {
 		switch (ch) {

@@ -143,6 +143,24 @@ conn_backlogged(const struct conn *c)
 	return c->c_out_len - c->c_out_off >= SERVER_OUT_BACKLOG_MAX;
 }
 
+/* Nothing under way: no request in hand or half read, nothing to send,
+ * not closing. (A request may still wait unread in the socket.) */
+static int
+conn_quiet(const struct conn *c)
+{
+	return !c->c_pending && !c->c_processing && c->c_in_len == 0 &&
+	    c->c_out_len == 0 && !c->c_lingering && !c->c_dead && !c->c_closing;
+}
+
+/* Bytes of a next request wait in the socket, not read yet. */
+static int
+conn_request_waiting(const struct conn *c)
+{
+	char byte;
+
+	return recv(c->c_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1;
+}
+
 /* Reads again once a pending reply or a backlog is out of the way. */
 static void
 conn_resume_reading(struct conn *c)
@@ -825,7 +843,6 @@ close_an_idle_connection(struct server *srv, const struct conn *newest,
     int close_it)
 {
 	struct conn *c, *oldest;
-	char byte;
 	int tries, found = 0;
 
 	/* A connection with a request waiting in its socket is not idle:
@@ -836,16 +853,14 @@ close_an_idle_connection(struct server *srv, const struct conn *newest,
 			/* Only a kept-alive one: a fresh connection's first
 			 * request may be on its way. */
 			if (c == newest || c->c_skip || !c->c_answered ||
-			    c->c_pending || c->c_processing ||
-			    c->c_in_len > 0 || c->c_out_len != 0 ||
-			    c->c_lingering || c->c_dead || c->c_closing)
+			    !conn_quiet(c))
 				continue;
 			if (oldest == NULL || c->c_active_us < oldest->c_active_us)
 				oldest = c;
 		}
 		if (oldest == NULL)
 			break;
-		if (recv(oldest->c_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1)
+		if (conn_request_waiting(oldest))
 			oldest->c_skip = 1;
 		else
 			found = 1;
@@ -1008,15 +1023,12 @@ server_drain(struct server *srv)
 	server_stop_accepting(srv);
 	srv->s_draining = 1;
 	for (c = LIST_FIRST(&srv->s_conns); c != NULL; c = next) {
-		char byte;
-
 		next = LIST_NEXT(c, c_entry);
-		if (c->c_pending || c->c_processing || c->c_in_len > 0 ||
-		    c->c_out_len != 0 || c->c_lingering || c->c_dead)
+		if (!conn_quiet(c))
 			continue;	/* its reply, or its close, is coming */
 		/* A request already in the socket is answered (with close)
 		 * rather than reset by closing over it unread. */
-		if (recv(c->c_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1)
+		if (conn_request_waiting(c))
 			continue;
 		c->c_closing = 1;
 		conn_settle(c);
@@ -1027,20 +1039,15 @@ int
 server_busy(struct server *srv)
 {
 	struct conn *c;
-	char byte;
 
 	LIST_FOREACH(c, &srv->s_conns, c_entry) {
 		if (c->c_dead)
 			continue;
-		/* A lingering connection's input is only dropped, but its
-		 * error reply, and what went before it, must still go out. */
-		if (c->c_lingering) {
-			if (c->c_out_len != 0)
-				return 1;
-			continue;
-		}
-		if (c->c_pending || c->c_in_len > 0 || c->c_out_len != 0 ||
-		    recv(c->c_fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1)
+		if (c->c_out_len != 0)
+			return 1;
+		/* A lingering connection's input is only dropped. */
+		if (!c->c_lingering && (c->c_pending || c->c_in_len > 0 ||
+		    conn_request_waiting(c)))
 			return 1;
 	}
 	return 0;

@@ -21,7 +21,8 @@ typedef void (*server_handler)(struct http_request *req, void *arg);
 struct server *server_new(struct event_base *base, int listen_fd,
     server_handler handler, void *arg);
 void server_set_idle_timeout(struct server *srv, long long us);
-/* At n open connections, stops accepting until one closes. */
+/* Caps the open connections at n: at it, the one idle longest is closed
+ * for a new one; with none idle, accepting stops until one closes. */
 void server_set_max_connections(struct server *srv, size_t n);
 /* Stops accepting; connections already open keep being served. */
 void server_stop_accepting(struct server *srv);

@@ -73,7 +73,9 @@ struct store_batch {
 };
 
 struct store {
-	int			 st_worker;	/* for the log */
+	int			 st_worker;
+	char			*st_who;	/* "worker N: redis ADDRESS", the
+						 * start of its log lines */
 	struct event_base	*st_base;
 	struct metrics		*st_metrics;
 	redisAsyncContext	*st_ac;
@@ -184,8 +186,7 @@ on_connect(const redisAsyncContext *ac, int status)
 	if (status != REDIS_OK) {
 		/* hiredis frees the context itself after this callback. */
 		if (!st->st_logged_down)
-			log_warnx("worker %d: redis %s: connect failed: %s",
-			    st->st_worker, st->st_address,
+			log_warnx("%s: connect failed: %s", st->st_who,
 			    ac->errstr[0] ? ac->errstr : "unknown error");
 		st->st_logged_down = 1;
 		st->st_ac = NULL;
@@ -204,8 +205,7 @@ on_disconnect(const redisAsyncContext *ac, int status)
 	if (st == NULL || st->st_ac != ac)
 		return;
 	if (!st->st_logged_down)
-		log_warnx("worker %d: redis %s: disconnected%s%s",
-		    st->st_worker, st->st_address,
+		log_warnx("%s: disconnected%s%s", st->st_who,
 		    ac->errstr[0] ? ": " : "", ac->errstr[0] ? ac->errstr : "");
 	st->st_logged_down = 1;
 	st->st_ac = NULL;
@@ -222,8 +222,7 @@ static void
 handshake_refused(struct store *st, const char *step, const char *error)
 {
 	if (!st->st_logged_handshake)
-		log_warnx("worker %d: redis %s: %s failed: %s", st->st_worker,
-		    st->st_address, step, error);
+		log_warnx("%s: %s failed: %s", st->st_who, step, error);
 	st->st_logged_handshake = 1;
 	st->st_logged_down = 1;
 	st->st_handshake_failed = 1;
@@ -270,13 +269,11 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 			st->st_backoff_us = STORE_BACKOFF_MIN_US;
 			/* Said for the first link too: an operator sees
 			 * which Redis each worker uses. */
-			log_info("worker %d: redis %s: connected", st->st_worker,
-			    st->st_address);
+			log_info("%s: connected", st->st_who);
 			st->st_logged_down = 0;
 		} else
-			log_debug("worker %d: redis %s: connected again; "
-			    "waiting for an answer", st->st_worker,
-			    st->st_address);
+			log_debug("%s: connected again; waiting for an answer",
+			    st->st_who);
 		st->st_logged_handshake = 0;
 		set_state(st, STORE_UP);
 	}
@@ -303,8 +300,8 @@ on_info_cluster(redisAsyncContext *ac, void *r, void *privdata)
 	st->st_cluster = reply->type == REDIS_REPLY_STRING &&
 	    strstr(reply->str, "cluster_enabled:1") != NULL;
 	if (st->st_cluster && st->st_max_batch > 1)
-		log_info("worker %d: redis %s: a Cluster node; one check per script call",
-		    st->st_worker, st->st_address);
+		log_info("%s: a Cluster node; one check per script call",
+		    st->st_who);
 }
 
 static void
@@ -347,8 +344,8 @@ on_lookup(void *arg, const char *ip, const char *error)
 		return;
 	if (ip == NULL) {
 		if (!st->st_logged_down)
-			log_warnx("worker %d: redis %s: cannot resolve the host: %s",
-			    st->st_worker, st->st_address, error);
+			log_warnx("%s: cannot resolve the host: %s",
+			    st->st_who, error);
 		st->st_logged_down = 1;
 		schedule_retry(st);
 		return;
@@ -401,8 +398,7 @@ connect_to(struct store *st, const char *ip)
 		ac = redisAsyncConnect(ip, atoi(strrchr(st->st_address, ':') + 1));
 	if (ac == NULL || ac->err) {
 		if (!st->st_logged_down)
-			log_warnx("worker %d: redis %s: connect failed: %s",
-			    st->st_worker, st->st_address,
+			log_warnx("%s: connect failed: %s", st->st_who,
 			    ac ? ac->errstr : "out of memory");
 		st->st_logged_down = 1;
 		if (ac)
@@ -447,8 +443,7 @@ static void
 store_drop(struct store *st, const char *why)
 {
 	if (why)
-		log_warnx("worker %d: redis %s: %s; reconnecting",
-		    st->st_worker, st->st_address, why);
+		log_warnx("%s: %s; reconnecting", st->st_who, why);
 	event_active(st->st_drop_ev, EV_TIMEOUT, 0);
 }
 
@@ -489,15 +484,14 @@ on_handshake_timeout(evutil_socket_t fd, short what, void *arg)
 		/* Still looking the name up; the lookup runs on, for the next
 		 * attempt to use. */
 		if (!st->st_logged_down)
-			log_warnx("worker %d: redis %s: the host's name was not resolved within "
-			    "connect_timeout", st->st_worker, st->st_address);
+			log_warnx("%s: the host's name was not resolved within "
+			    "connect_timeout", st->st_who);
 		st->st_logged_down = 1;
 		schedule_retry(st);
 		return;
 	}
 	if (!st->st_logged_down)
-		log_warnx("worker %d: redis %s: no answer within "
-		    "connect_timeout", st->st_worker, st->st_address);
+		log_warnx("%s: no answer within connect_timeout", st->st_who);
 	st->st_logged_down = 1;
 	on_drop(-1, 0, st);
 }
@@ -512,9 +506,8 @@ on_watchdog(evutil_socket_t fd, short what, void *arg)
 	if (st->st_state == STORE_UP && st->st_inflight > 0 &&
 	    mono_us() - st->st_progress_us > st->st_stall_us) {
 		if (!st->st_stalled)
-			log_warnx("worker %d: redis %s: no reply for %lld ms with "
-			    "%zu check%s pending; dropping the link",
-			    st->st_worker, st->st_address,
+			log_warnx("%s: no reply for %lld ms with %zu check%s "
+			    "pending; dropping the link", st->st_who,
 			    (mono_us() - st->st_progress_us) / 1000,
 			    st->st_inflight, st->st_inflight == 1 ? "" : "s");
 		st->st_stalled = 1;
@@ -625,8 +618,7 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 		st->st_progress_us = mono_us();
 	}
 	if (st->st_ac == ac && reply != NULL && st->st_stalled) {
-		log_info("worker %d: redis %s: answering again", st->st_worker,
-		    st->st_address);
+		log_info("%s: answering again", st->st_who);
 		st->st_stalled = 0;
 		st->st_backoff_us = STORE_BACKOFF_MIN_US;
 		st->st_logged_down = 0;
@@ -777,15 +769,16 @@ store_configure(struct store *st, const struct config *c)
 	if (!changed)
 		return;
 	/* Checks until the new link is up follow the failure mode: say why. */
-	if (st->st_address != NULL && str_differs(st->st_address, c->redis_address))
-		log_info("worker %d: redis %s: the policy moves this worker to "
-		    "redis %s; reconnecting", st->st_worker, st->st_address,
-		    c->redis_address);
-	else if (st->st_address != NULL)
-		log_info("worker %d: redis %s: the policy changes its "
-		    "credentials or database; reconnecting", st->st_worker,
-		    st->st_address);
+	if (st->st_who != NULL && str_differs(st->st_address, c->redis_address))
+		log_info("%s: the policy moves this worker to redis %s; "
+		    "reconnecting", st->st_who, c->redis_address);
+	else if (st->st_who != NULL)
+		log_info("%s: the policy changes its credentials or database; "
+		    "reconnecting", st->st_who);
 	replace(&st->st_address, c->redis_address);
+	free(st->st_who);
+	st->st_who = xasprintf("worker %d: redis %s", st->st_worker,
+	    st->st_address);
 	replace(&st->st_username, c->redis_username);
 	replace(&st->st_password, c->redis_password);
 	st->st_database = c->redis_database;
@@ -855,6 +848,7 @@ store_free(struct store *st)
 	event_free(st->st_drop_ev);
 	event_free(st->st_watchdog_ev);
 	replace(&st->st_address, NULL);
+	free(st->st_who);
 	replace(&st->st_username, NULL);
 	replace(&st->st_password, NULL);
 	free(st);
