@@ -18,7 +18,10 @@
 -- nothing anywhere (all-or-nothing, atomic because the whole script is).
 --
 -- Reply, per check in order: allowed, now_ms, then per limit: allowed,
--- remaining, reset_ms, retry_after_ms, delay_ms.
+-- remaining, reset_ms, retry_after_ms, delay_ms. A check whose Redis
+-- commands fail (a key of another type at its name: WRONGTYPE; OOM under
+-- maxmemory) has -1 and the error's text in its first two places, zeros in
+-- the rest: it alone fails, and the checks after it are still decided.
 
 if BAD then
   return redis.error_reply('ERR ratelimitd: ' .. BAD)
@@ -60,6 +63,8 @@ local function check_one(cost, n, arg, key)
                                   PARAMS[at + 1], PARAMS[at + 2], PARAMS[at + 3])
       remaining, reset, delay = r.remaining_after, r.reset_after, r.delay
     else
+      local hold = ALGORITHMS[ARGV[arg + 4 * (i - 1)]].hold
+      if hold then hold(KEYS[key + i], r) end
       remaining, reset, delay = r.remaining, r.reset, 0
     end
     if remaining < 0 then remaining = 0 end
@@ -72,7 +77,19 @@ local function check_one(cost, n, arg, key)
   end
 end
 
+-- Redis does not undo a script's writes when it fails, so an error that
+-- ended the call would leave the checks before it charged and answered
+-- as failures, and the checks after it undecided. Every limit of a check
+-- is read before any is charged, so a key of the wrong type fails its
+-- check before that check is charged anywhere.
 for i = 1, #BATCH, 4 do
-  check_one(BATCH[i], BATCH[i + 1], BATCH[i + 2], BATCH[i + 3])
+  local n, at = BATCH[i + 1], nreply
+  local ok, err = pcall(check_one, BATCH[i], n, BATCH[i + 2], BATCH[i + 3])
+  if not ok then
+    reply[at + 1] = -1
+    reply[at + 2] = type(err) == 'table' and tostring(err.err) or tostring(err)
+    for k = at + 3, at + 2 + 5 * n do reply[k] = 0 end
+    nreply = at + 2 + 5 * n
+  end
 end
 return reply

@@ -107,6 +107,10 @@ struct store {
 	 * no backoff reset) until a call is answered, and the drops of such
 	 * links are one outage in the log. */
 	int			 st_stalled;
+	/* The current link has answered a script call. Until it has, /readyz
+	 * and the gauge call it connecting: the handshake alone proves little
+	 * (a Redis in CLIENT PAUSE WRITE answers it and holds every call). */
+	int			 st_answered;
 	long long		 st_progress_us; /* last reply or first send */
 	int			 st_logged_down; /* "still down" logged once */
 	int			 st_logged_handshake; /* see handshake_refused */
@@ -152,12 +156,56 @@ store_state_name(enum store_state state)
 }
 
 static void
+report_state(const struct store *st)
+{
+	enum store_state shown = st->st_state;
+
+	if (shown == STORE_UP && !st->st_answered)
+		shown = STORE_CONNECTING;
+	metrics_set_redis_state(st->st_metrics, (int)shown);
+}
+
+static void
 set_state(struct store *st, enum store_state state)
 {
-	if (state == STORE_UP && st->st_state != STORE_UP)
+	if (state == STORE_UP && st->st_state != STORE_UP) {
 		st->st_links++;
+		st->st_answered = 0;
+	}
 	st->st_state = state;
-	metrics_set_redis_state(st->st_metrics, (int)state);
+	report_state(st);
+}
+
+/* A script call was answered on the current link, whatever the reply:
+ * Redis takes calls again. */
+static void
+link_answered(struct store *st)
+{
+	if (st->st_stalled) {
+		log_info("%s: answering again", st->st_who);
+		st->st_stalled = 0;
+		st->st_backoff_us = STORE_BACKOFF_MIN_US;
+		st->st_logged_down = 0;
+	}
+	if (!st->st_answered) {
+		st->st_answered = 1;
+		report_state(st);
+	}
+}
+
+/* The call every new link makes once the script is loaded: zero checks,
+ * so it charges nothing, but Redis holds it exactly as it would hold a
+ * check (CLIENT PAUSE WRITE holds every script call), and its answer
+ * makes the link ready even when no check comes. */
+static void
+on_probe_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+	struct store *st = ac->data;
+
+	(void)privdata;
+	if (r == NULL || st == NULL || st->st_ac != ac)
+		return;
+	link_answered(st);
 }
 
 /* Arms the reconnect timer with the current backoff, then doubles it. */
@@ -276,6 +324,8 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 			    st->st_who);
 		st->st_logged_handshake = 0;
 		set_state(st, STORE_UP);
+		redisAsyncCommand(ac, on_probe_reply, NULL, "EVALSHA %s 0 0",
+		    st->st_sha);
 	}
 }
 
@@ -574,7 +624,20 @@ batch_fail(struct store_batch *b, enum store_status status, const char *error)
 		call_fail(b->sb_calls[i], status, error);
 }
 
-/* Hands each check its slice of the reply: 2 + 5 integers per limit. */
+static int
+slice_ints(redisReply *const *slice, size_t n, long long *ints)
+{
+	for (size_t k = 0; k < n; k++) {
+		if (slice[k]->type != REDIS_REPLY_INTEGER)
+			return -1;
+		ints[k] = slice[k]->integer;
+	}
+	return 0;
+}
+
+/* Hands each check its slice of the reply: 2 + 5 integers per limit, or,
+ * for a check whose Redis commands failed (WRONGTYPE, OOM), -1 and the
+ * error's text: that check alone fails. */
 static void
 batch_deliver(struct store_batch *b, const redisReply *reply)
 {
@@ -587,18 +650,23 @@ batch_deliver(struct store_batch *b, const redisReply *reply)
 		batch_fail(b, STORE_ERROR, "script reply has the wrong length");
 		return;
 	}
-	for (size_t i = 0; i < reply->elements; i++)
-		if (reply->element[i]->type != REDIS_REPLY_INTEGER) {
-			batch_fail(b, STORE_ERROR, "script reply is not integers");
-			return;
-		}
 	for (size_t i = 0; i < b->sb_n; i++) {
 		struct store_result res = { STORE_OK, ints,
 		    LIMITER_REPLY_INTS(b->sb_nlimits[i]), NULL };
+		redisReply **slice = reply->element + at;
 
-		for (size_t k = 0; k < res.nints; k++)
-			ints[k] = reply->element[at++]->integer;
-		b->sb_calls[i]->sc_cb(b->sb_calls[i]->sc_arg, &res);
+		at += res.nints;
+		if (slice[0]->type == REDIS_REPLY_INTEGER && slice[0]->integer == -1) {
+			call_fail(b->sb_calls[i], STORE_ERROR,
+			    slice[1]->type == REDIS_REPLY_STRING ? slice[1]->str :
+			    "script error");
+			continue;
+		}
+		if (slice_ints(slice, res.nints, ints) == -1)
+			call_fail(b->sb_calls[i], STORE_ERROR,
+			    "script reply is not integers");
+		else
+			b->sb_calls[i]->sc_cb(b->sb_calls[i]->sc_arg, &res);
 	}
 }
 
@@ -617,12 +685,8 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 		st->st_inflight -= b->sb_n;
 		st->st_progress_us = mono_us();
 	}
-	if (st->st_ac == ac && reply != NULL && st->st_stalled) {
-		log_info("%s: answering again", st->st_who);
-		st->st_stalled = 0;
-		st->st_backoff_us = STORE_BACKOFF_MIN_US;
-		st->st_logged_down = 0;
-	}
+	if (st->st_ac == ac && reply != NULL)
+		link_answered(st);
 	if (reply == NULL)
 		batch_fail(b, STORE_DISCONNECTED, NULL);
 	else if (reply->type == REDIS_REPLY_ERROR) {

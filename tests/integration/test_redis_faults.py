@@ -290,6 +290,113 @@ def test_redis_taking_no_script_calls_is_one_outage(start_daemon, redis_server):
     assert log.count(": connected") == 1, log     # the first link only
 
 
+def readyz(d):
+    r = requests.get(d.url("/readyz"), timeout=2)
+    return r.status_code, r.json()["redis"]
+
+
+def test_readyz_is_not_ready_while_redis_takes_no_script_calls(start_daemon, redis_server):
+    """Under CLIENT PAUSE WRITE every link the daemon makes takes the
+    handshake and then answers no check. /readyz and the gauge said "up"
+    for most of such an outage (each new link counted as up) while every
+    check failed open; a link is up only once it has answered a script
+    call. When the pause ends, readiness comes back without any check
+    (a probe call), or a Kubernetes pod taken out of its Service for not
+    being ready would never get the traffic to prove itself again."""
+    d = start_daemon(SIMPLE)
+    assert check(d, "/check/x").status_code == 200
+    rc = redis_server.client()
+    rc.execute_command("CLIENT", "PAUSE", "4000", "WRITE")
+    paused_until = time.monotonic() + 4.0
+    samples = []
+    while time.monotonic() < paused_until - 0.3:
+        r = check(d, "/check/x")
+        assert r.headers["X-RateLimit-Remaining"] == "-1", d.log()
+        if "dropping the link" in d.log():
+            samples.append(readyz(d))
+            assert "ratelimitd_redis_connected 0" in requests.get(
+                d.url("/metrics"), timeout=2).text
+        time.sleep(0.02)
+    assert len(samples) > 20, d.log()
+    assert all(s == (503, "connecting") or s == (503, "down") for s in samples), samples
+    assert (503, "connecting") in samples, samples      # the reconnected, silent link
+    assert wait_until(lambda: readyz(d) == (200, "up"), timeout=paused_until - time.monotonic() + 2), \
+        d.log()
+    assert limited_again(d)
+
+
+def test_a_daemon_started_during_client_pause_is_ready_when_it_ends(start_daemon, redis_server):
+    """The first link too: SCRIPT LOAD answers under CLIENT PAUSE WRITE,
+    a check would not."""
+    redis_server.client().execute_command("CLIENT", "PAUSE", "2500", "WRITE")
+    t0 = time.monotonic()
+    d = start_daemon(SIMPLE, wait_ready=False)
+    assert wait_until(lambda: readyz(d)[1] != "down", timeout=2)
+    if time.monotonic() - t0 < 2.2:
+        assert readyz(d) == (503, "connecting"), d.log()
+    assert wait_until(lambda: readyz(d) == (200, "up"), timeout=5), d.log()
+    assert time.monotonic() - t0 > 2.4
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+
+
+TWO_LIMITS = policy(
+    "  - name: w\n    match: {prefix: /}\n    key: header:K\n    limits:\n"
+    "      - {name: q, algorithm: fixed_window, limit: 100, window: 1h}\n"
+    "      - {name: b, algorithm: token_bucket, rate: 10/s, burst: 100}\n")
+
+
+def read_reply(sock):
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "connection closed"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+    while len(body) < length:
+        body += sock.recv(65536)
+    remaining = re.search(rb"(?i)x-ratelimit-remaining: *(-?\d+)", head)
+    return int(head.split(b" ", 2)[1]), remaining and int(remaining.group(1))
+
+
+def test_a_key_of_the_wrong_type_fails_only_its_own_check(start_daemon, redis_server):
+    """A key of another type at one client's key name (WRONGTYPE) ended the
+    whole script call: the checks batched before that client's were charged
+    and answered as failures, those after it never decided. Only that
+    client's check may fail, and it must not be charged on its other
+    limit either (all-or-nothing)."""
+    d = start_daemon(TWO_LIMITS)
+    rc = redis_server.client()
+    rc.set(rkey("w", "bad", "b", "token_bucket"), "not a bucket")
+    keys = ["k%d" % i for i in range(30)]
+    keys[7] = "bad"
+    calls0 = rc.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    socks = [socket.create_connection(("127.0.0.1", d.port), timeout=5) for _ in keys]
+    try:
+        for _ in range(3):
+            for s, k in zip(socks, keys):
+                s.sendall(("GET /check HTTP/1.1\r\nHost: x\r\nX-Original-URI: /a\r\n"
+                           "K: %s\r\n\r\n" % k).encode())
+            for s, k in zip(socks, keys):
+                status, remaining = read_reply(s)
+                assert status == 200, (k, status)
+                if k == "bad":
+                    assert remaining == -1
+                else:
+                    assert remaining is not None and remaining >= 0, (k, remaining, d.log())
+    finally:
+        for s in socks:
+            s.close()
+    calls = rc.info("commandstats")["cmdstat_evalsha"]["calls"] - calls0
+    assert calls < 90          # some checks shared a call (batching is the point)
+    for k in keys:
+        count = rc.hget(rkey("w", k, "q", "fixed_window"), "n")
+        assert count == (None if k == "bad" else b"3"), (k, count)
+    assert 'ratelimitd_redis_errors_total{kind="error"} 3' in requests.get(
+        d.url("/metrics"), timeout=2).text
+    assert wait_until(lambda: "WRONGTYPE" in d.log(), timeout=3), d.log()
+
+
 def test_reload_to_another_redis_leaves_nothing_pending(start_daemon, redis_server, tmp_path):
     """A reload that names another Redis while a call to the old one is
     unanswered: the new link must not inherit that call as pending (it
