@@ -96,6 +96,26 @@ def test_cached_denial_forgotten_with_a_new_redis(start_daemon, redis_server, tm
         back.stop()
 
 
+def test_no_cached_denial_while_redis_is_unreachable(start_daemon, redis_server, tmp_path):
+    """With Redis gone a check gets the failure mode's answer (SPEC 3.1),
+    a cached client too: it was still denied with 429 from the cache."""
+    d = start_daemon(FW)
+    assert [check(d, "/check/x").status_code for _ in range(3)] == [200, 200, 429]
+    redis_server.kill()
+    assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=2).status_code == 503,
+                      timeout=3)
+    for _ in range(3):
+        r = check(d, "/check/x")
+        assert r.status_code == 200, r.text
+        assert r.headers["X-RateLimit-Remaining"] == "-1"
+    back = RedisServer(tmp_path, port=redis_server.port).start()
+    try:
+        assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=2).ok, timeout=5)
+        assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "1"
+    finally:
+        back.stop()
+
+
 TB_MULTI = policy(
     "  - name: tb\n    match: {prefix: /tb/}\n    key: header:X-Api-Key\n"
     "    limits: [{name: b, algorithm: token_bucket, rate: 5/s, burst: 5}]\n"
