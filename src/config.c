@@ -1147,6 +1147,10 @@ validate_listen(const char *s, const char **cause)
 			return -1;
 		}
 		colon = close + 1;
+	} else if (strstr(s, "://") != NULL) {
+		*cause = "a URL is not an address: use host:port, [ipv6]:port or "
+		    "unix:/path";
+		return -1;
 	} else {
 		colon = strrchr(s, ':');
 		if (colon == NULL || colon == s) {
@@ -1174,6 +1178,13 @@ on_address(struct loader *ld, const struct node *nd, const char *key, char **out
 
 	if (get_string(ld, nd, key, out) == -1)
 		return -1;
+	/* redis://user:secret@host: not echoed, it holds a password */
+	if (strchr(*out, '@') != NULL) {
+		node_error(ld, nd, "%s: a URL with credentials is not an address "
+		    "(the value is not repeated here): use host:port, [ipv6]:port "
+		    "or unix:/path, with redis.username and redis.password_env", key);
+		return -1;
+	}
 	if (validate_listen(*out, &cause) == -1) {
 		node_error(ld, nd, "%s: \"%s\": %s", key, echo(ld, *out), cause);
 		return -1;
@@ -1309,8 +1320,12 @@ on_redis_password_env(struct loader *ld, const struct node *nd, const char *key,
 	for (const char *p = name; ok && *p; p++)
 		ok = isalnum((unsigned char)*p) || *p == '_';
 	if (!ok) {
-		node_error(ld, nd, "%s: \"%s\" is not an environment variable name "
-		    "(A-Z a-z 0-9 _, not starting with a digit)", key, echo(ld, name));
+		/* Not echoed: what was put here instead of a name is most
+		 * likely the password itself. */
+		node_error(ld, nd, "%s: the value is not an environment variable name "
+		    "(A-Z a-z 0-9 _, not starting with a digit) and is not repeated "
+		    "here, as it may be a password: give the name of the variable "
+		    "that holds the password", key);
 		return -1;
 	}
 	return 0;

@@ -218,7 +218,7 @@ log_access(const char *route, const char *key, size_t keylen, int status,
 		return;
 	}
 	{
-		char raw[512];
+		char raw[sizeof(ekey)];	/* a whole encoded key (771 bytes at most) */
 
 		snprintf(raw, sizeof(raw), "%.*s", (int)(keylen < sizeof(raw) - 1 ?
 		    keylen : sizeof(raw) - 1), key);

@@ -163,6 +163,17 @@ def test_hostile_keys_escaped_in_access_log(ops_daemon):
     assert not any(re.search(r'\broute=fake\b', l.split('key="', 1)[0]) for l in lines)
 
 
+def test_json_access_line_has_the_whole_key(ops_daemon):
+    """A 256-byte key of quotes is 768 bytes percent-encoded, as in its
+    Redis key: the JSON access line cut it at 511, inside an escape."""
+    d = ops_daemon(log_policy("{access: true, format: json}"))
+    assert vcheck(d, {"route": "api", "key": '"' * 256}).status_code == 200
+    assert wait_until(lambda: any(o.get("level") == "access" for o in json_lines(d)),
+                      timeout=2), d.log()
+    (line,) = [o for o in json_lines(d) if o.get("level") == "access"]
+    assert line["key"] == "%22" * 256, line
+
+
 def test_level_warn_hides_info(ops_daemon):
     """level warn: the startup info line is not written, warnings are. A
     reload from info to warn applies to the lines after it."""

@@ -806,6 +806,28 @@ def test_password_env_must_be_a_variable_name(tmp_path, value):
     errs = run_bad(write(tmp_path, variant(insert={6: ["  password_env: %s" % value]})))
     assert len(errs) == 1 and errs[0][:2] == (6, 17), errs
     assert "is not an environment variable name" in errs[0][2], errs
+    assert value.strip('"') not in errs[0][2] or value == '""', errs
+
+
+def test_a_password_put_in_place_of_a_name_is_not_echoed(tmp_path):
+    """SPEC 8: the password never appears in errors. A password written
+    where the variable's name belongs, or inside a redis:// URL, is the
+    likeliest way for one to reach a policy file."""
+    out = []
+    for lines in [variant(insert={6: ['  password_env: "Hunter2 SecretB!"']}),
+                  variant({5: '  address: "redis://:Hunter2SecretC@127.0.0.1:6379"'}),
+                  variant({5: '  address: "redis://rl:Hunter2SecretD@[::1]:6379"'})]:
+        errs = run_bad(write(tmp_path, lines))
+        assert len(errs) == 1, errs
+        out.append(errs[0][2])
+    assert not any("Hunter2" in e for e in out), out
+    assert "environment variable name" in out[0], out
+    assert all("URL with credentials" in e for e in out[1:]), out
+
+
+def test_a_url_is_not_an_address(tmp_path):
+    errs = run_bad(write(tmp_path, variant({5: '  address: "redis://127.0.0.1:6379"'})))
+    assert len(errs) == 1 and "a URL is not an address" in errs[0][2], errs
 
 
 def test_unquoted_colon_value_hints_at_quotes(tmp_path):
