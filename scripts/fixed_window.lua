@@ -31,14 +31,16 @@ ALGORITHMS.fixed_window = {
                                   or tonumber(state[3]) == window)
     else
       -- A count kept for a window of another length (a reload changed it)
-      -- whose span lies wholly inside this window: its requests are this
-      -- window's too. (A longer old window may hold requests from before
-      -- this one began: that count is not carried.) Carried now, denied or
+      -- that began inside this window: its requests came between its start
+      -- and now, so they are this window's too, whatever its length. (One
+      -- that began earlier may hold requests from before this window: that
+      -- count is not carried. One that begins after now is Redis's clock
+      -- gone back: that window starts from zero.) Carried now, denied or
       -- not, as housekeeping that keeps the count: left to a charge, a
       -- client denied until the old key expired started the new window
       -- from zero.
-      local s0, w0 = tonumber(state[1]), tonumber(state[3])
-      if s0 and w0 and s0 >= start and s0 + w0 <= start + window then
+      local s0 = tonumber(state[1])
+      if s0 and s0 >= start and s0 <= now then
         count = tonumber(state[2]) or 0
         if count > 0 then
           fw_write(key, now, start, count, window)
@@ -50,7 +52,11 @@ ALGORITHMS.fixed_window = {
     local allowed = count + cost <= limit
     local retry = 0
     if not allowed then
-      if cost > limit then retry = until_end + window else retry = until_end end
+      if cost > limit then
+        retry = (count > 0 and until_end or 0) + window  -- never passes; a hint
+      else
+        retry = until_end
+      end
     end
     return {
       allowed = allowed,

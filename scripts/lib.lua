@@ -118,6 +118,17 @@ local function expire_in_us(key, us)
   redis.call('PEXPIRE', key, fmt_int(expiry_ms(us)))
 end
 
+-- A denied check charges nothing, but its state may have been written
+-- under other numbers (a reload that slowed a refill or lengthened a
+-- window): its expiry is set again from what the current numbers need,
+-- or the key would go on the old schedule, taking the count with it. For
+-- the algorithms whose expiry depends on those numbers; a fixed window
+-- carries its count itself, and gcra's and the leaky bucket's state is a
+-- time, its expiry that time.
+local function hold_for_reset(key, r)
+  if r.reset > 0 then expire_in_us(key, r.reset) end
+end
+
 local function now_us()
   local forced = ARGV[1]
   if forced ~= nil and forced ~= '' and forced ~= '0' then

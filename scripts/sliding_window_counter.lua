@@ -92,4 +92,5 @@ if USED.sliding_window_counter then ALGORITHMS.sliding_window_counter = {
     redis.call('HINCRBY', key, fmt_int(r.bucket), fmt_int(cost))
     expire_in_us(key, r.reset_after)
   end,
+  hold = hold_for_reset,
 } end

@@ -59,4 +59,5 @@ if USED.sliding_window_log then ALGORITHMS.sliding_window_log = {
     end
     expire_in_us(key, r.reset_after)
   end,
+  hold = hold_for_reset,
 } end

@@ -51,4 +51,5 @@ if USED.token_bucket then ALGORITHMS.token_bucket = {
     redis.call('HSET', key, 'd', rat_encode(0, r.missing, r.per), 'ts', fmt_int(now))
     expire_in_us(key, r.reset_after)
   end,
+  hold = hold_for_reset,
 } end

@@ -580,5 +580,9 @@ def test_longer_fixed_window_keeps_the_count(ops_daemon):
         (rc.hgetall(key), rc.pttl(key))
     d.write_policy(policy(route("api", "/api/", fw(10, window="1m"))))
     assert wait_until(lambda: route_limits(d, "api")[0]["window"] == "60s", timeout=RELOAD_S)
+    # ... unless this minute is the hour's first: then the hour's requests
+    # all came in this minute, and are carried (its 5, then this one)
+    into_hour = rc.time()[0] % 3600
+    expected = {"4"} if into_hour < 59 else {"9"} if into_hour >= 60 else {"4", "9"}
     r = check(d, "/check/api/x", headers={"X-Key": "k1"})
-    assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "9", r.headers
+    assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] in expected, r.headers

@@ -425,6 +425,52 @@ def test_raised_quota_keeps_count(lim, alg):
     assert not lim("q", (alg,) + big, t + 2).allowed
 
 
+def test_fixed_window_carries_a_count_begun_inside_the_new_window(lim):
+    """2 s to 3 s on reload: a 2 s window that began inside the current
+    3 s one holds only requests of that 3 s window, so its count is
+    carried (it was dropped, because the 2 s window ends after the 3 s
+    one: 10 admitted in one 3 s window of 5). One that began before the
+    3 s window is not carried."""
+    two, three = ("fixed_window", 5, 2 * S, 0), ("fixed_window", 5, 3 * S, 0)
+    base = T0 // (6 * S) * (6 * S)               # a 2 s and a 3 s window start here
+    for _ in range(5):
+        assert lim("fw-23", two, base + 2 * S + 50 * MS).allowed     # window [2, 4)
+    rep = lim("fw-23", three, base + 2 * S + 70 * MS)               # window [0, 3)
+    assert not rep.allowed and rep[0]["remaining"] == 0, rep.limits
+    assert rep[0]["reset"] == 930 and rep[0]["retry"] == 930
+    assert 800 <= lim.r.pttl("fw-23") <= 931          # the 3 s window's end
+    assert lim("fw-23", three, base + 3 * S).allowed                 # the next one
+    # begun before the new window: [0, 2) holds requests before 1 s
+    for _ in range(5):
+        assert lim("fw-23b", two, base + 4 * S + 100 * MS).allowed  # window [4, 6)
+    assert lim("fw-23b", three, base + 6 * S + 10 * MS).allowed     # [6, 9): fresh
+
+
+@pytest.mark.parametrize("alg,before,after,reset_ms", [
+    # a slower refill: 10 tokens short at 1/s take 10 s, not 1 s
+    ("token_bucket", (10, 10, S), (10, 1, S), 10_000),
+    # a longer window: the entries of the last second count for a minute
+    ("sliding_window_log", (10, S, 0), (10, 60 * S, 0), 60_000),
+    ("sliding_window_counter", (10, S, 100 * MS), (10, 60 * S, 6 * S), 60_000),
+])
+def test_a_denial_keeps_the_state_for_the_new_numbers(lim, alg, before, after, reset_ms):
+    """A reload that slows a refill or lengthens a window: the key was
+    written with the old numbers' expiry, and a denied check wrote
+    nothing, so the key went on the old schedule and the client came
+    back with a full quota (10 of 10 admitted 1.5 s later where the new
+    numbers allow 1 or 0). A denial sets the expiry again from the new
+    numbers."""
+    key = "hold-" + alg
+    t = T0 + 7
+    for _ in range(10):
+        assert lim(key, (alg,) + before, t).allowed
+    assert lim.r.pttl(key) <= 1101              # a second (and a bucket)
+    rep = lim(key, (alg,) + after, t + 10 * MS)
+    assert not rep.allowed
+    assert rep[0]["reset"] >= reset_ms - 100, rep.limits
+    assert rep[0]["reset"] - 50 <= lim.r.pttl(key) <= rep[0]["reset"] + 1
+
+
 def test_rate_change_converts_exact_state_conservatively(lim):
     """A stored TAT or token count with another rate's denominator is
     rounded towards less quota, never more."""

@@ -92,8 +92,7 @@ class FixedWindow(WindowModel):
         self.start = t // self.W * self.W
 
     def impossible_retry(self, t):
-        # the lead's fixed_window: the end of this window, plus one window
-        return (t // self.W * self.W + self.W - t) + self.W
+        return first_true(lambda u: self.empty(t + u)) + self.W
 
 
 class SlidingWindowLog(WindowModel):
