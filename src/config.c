@@ -697,6 +697,8 @@ yaml_load_file(struct loader *ld, FILE *fp)
 	struct node *root = NULL;
 	size_t cap = 0, n;
 
+	/* Bounded: a path swapped for a FIFO that a writer keeps feeding, or
+	 * for something endless, must not take the daemon's memory. */
 	do {
 		if (src.len == cap) {
 			cap = cap ? cap * 2 : 8192;
@@ -704,7 +706,13 @@ yaml_load_file(struct loader *ld, FILE *fp)
 		}
 		n = fread(src.buf + src.len, 1, cap - src.len, fp);
 		src.len += n;
-	} while (n > 0);
+	} while (n > 0 && src.len <= CONFIG_FILE_MAX);
+	if (src.len > CONFIG_FILE_MAX) {
+		errorf(ld, 1, 1, "larger than %d MiB: not a policy file",
+		    CONFIG_FILE_MAX >> 20);
+		free(src.buf);
+		return NULL;
+	}
 	if (ferror(fp)) {
 		ld->errors->passing = errno_is_passing(errno);
 		errorf(ld, 1, 1, "cannot read: %s", strerror(errno));
@@ -2645,6 +2653,11 @@ config_load(const char *path, struct config_errors *errors)
 	/* open takes a directory; reading it would fail as "input error" */
 	else if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
 		errorf(&ld, 1, 1, "is a directory, not a policy file");
+		close(fd);
+	} else if (fstat(fd, &st) == 0 && (S_ISCHR(st.st_mode) ||
+	    S_ISBLK(st.st_mode))) {
+		/* /dev/zero reads without end */
+		errorf(&ld, 1, 1, "is a device, not a policy file");
 		close(fd);
 	} else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == -1 ||
 	    (fp = fdopen(fd, "r")) == NULL) {

@@ -18,6 +18,7 @@
 #define CONFIG_BATCH_DEFAULT	64
 #define CONFIG_BATCH_MAX	1000
 #define CONFIG_ROUTES_MAX	1000
+#define CONFIG_FILE_MAX		(16 << 20)	/* bytes of a policy file */
 #define CONFIG_WORKERS_MAX	64
 #define CONFIG_CONNECTIONS_DEFAULT 10000	/* server.max_connections */
 #define CONFIG_CONNECTIONS_MAX	1000000

@@ -443,6 +443,34 @@ def test_policy_replaced_by_a_fifo_blocks_nothing(ops_daemon, tmp_path):
     assert time.monotonic() - t0 < 2.0
 
 
+def test_policy_replaced_by_something_endless_is_refused(ops_daemon, tmp_path):
+    """The policy path swapped for a link to /dev/zero, then for a FIFO a
+    writer keeps feeding: each reload read without end, and the daemon died
+    out of memory (SPEC 8: no input may take it down). A device is refused
+    as one; what is read is capped at 16 MiB."""
+    d = ops_daemon(policy(route("api", "/api/", fw(3))))
+    pid = d.proc.pid
+    link = d.policy_path + ".new"
+    os.symlink("/dev/zero", link)
+    os.rename(link, d.policy_path)
+    assert wait_until(lambda: "is a device, not a policy file" in d.log(),
+                      timeout=RELOAD_S + 1), d.log()
+    os.unlink(d.policy_path)
+    os.mkfifo(d.policy_path)
+    writer = subprocess.Popen(["yes", "# a comment line, forever"],
+                              stdout=os.open(d.policy_path, os.O_RDWR), stderr=subprocess.DEVNULL)
+    try:
+        d.signal(signal.SIGHUP)
+        assert wait_until(lambda: "larger than 16 MiB" in d.log(), timeout=10), d.log()
+    finally:
+        writer.kill()
+        writer.wait()
+    assert d.alive() and route_limits(d, "api")[0]["limit"] == 3
+    with open("/proc/%d/status" % pid) as f:
+        rss_kb = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+    assert rss_kb < 128 * 1024, rss_kb
+
+
 def test_a_file_still_changing_is_not_loaded_until_it_holds_still(ops_daemon):
     """Six valid versions written 0.2 s apart: none held still for 250 ms,
     so none but the last may be loaded (the 1 s poll looking a moment
