@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -2623,12 +2624,57 @@ config_ref(struct config *config)
 	return config;
 }
 
+static pthread_mutex_t released_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct config *released;
+static void (*released_wake)(void *);
+static void *released_wake_arg;
+
 void
 config_unref(struct config *config)
 {
-	if (config && atomic_fetch_sub_explicit(&config->refs, 1,
-	    memory_order_acq_rel) == 1)
+	void (*wake)(void *);
+	void *arg;
+
+	if (config == NULL || atomic_fetch_sub_explicit(&config->refs, 1,
+	    memory_order_acq_rel) != 1)
+		return;
+	pthread_mutex_lock(&released_lock);
+	if ((wake = released_wake) != NULL) {
+		config->released_next = released;
+		released = config;
+	}
+	arg = released_wake_arg;
+	pthread_mutex_unlock(&released_lock);
+	if (wake == NULL)
 		config_free(config);
+	else
+		wake(arg);
+}
+
+void
+config_defer_free(void (*wake)(void *), void *arg)
+{
+	pthread_mutex_lock(&released_lock);
+	released_wake = wake;
+	released_wake_arg = arg;
+	pthread_mutex_unlock(&released_lock);
+}
+
+void
+config_free_released(void)
+{
+	struct config *c;
+
+	pthread_mutex_lock(&released_lock);
+	c = released;
+	released = NULL;
+	pthread_mutex_unlock(&released_lock);
+	while (c != NULL) {
+		struct config *next = c->released_next;
+
+		config_free(c);
+		c = next;
+	}
 }
 
 struct config *

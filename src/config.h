@@ -99,6 +99,7 @@ struct cidr {
 
 struct config {
 	atomic_int	 refs;
+	struct config	*released_next;	/* see config_defer_free */
 	char		*path;
 	unsigned long	 generation;	/* bumps on every successful load */
 
@@ -154,6 +155,13 @@ struct config *config_load(const char *path, struct config_errors *errors);
 long long config_connections_in_force(const struct config *config);
 struct config *config_ref(struct config *config);
 void config_unref(struct config *config);
+/* From now on a policy whose last reference goes is not freed by the
+ * thread that let it go (a worker, whose loop a large policy's free would
+ * hold up for milliseconds) but kept for config_free_released(), and
+ * wake(arg) is called; wake NULL frees at once again. */
+void config_defer_free(void (*wake)(void *), void *arg);
+/* Frees the policies released since the last call (the main thread). */
+void config_free_released(void);
 void config_errors_free(struct config_errors *errors);
 
 /* The policy in force as JSON, secrets omitted (GET /v1/policy). */

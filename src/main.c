@@ -71,6 +71,7 @@ struct env {
 	long long		 pending_stat_us; /* first seen as pending_stat */
 	int			 stopping;
 	struct event		*worker_exit_ev;
+	struct event		*released_ev;	/* policies to free */
 };
 
 static void
@@ -375,6 +376,23 @@ on_signal(evutil_socket_t sig, short what, void *arg)
 	 * second signal is still heard. */
 }
 
+/* A worker let go of a policy's last reference: it is freed here, off the
+ * workers' loops (a policy of 1,000 regex routes takes about 10 ms). */
+static void
+wake_main_to_free(void *arg)
+{
+	event_active(arg, EV_READ, 0);
+}
+
+static void
+on_released(evutil_socket_t fd, short what, void *arg)
+{
+	(void)fd;
+	(void)what;
+	(void)arg;
+	config_free_released();
+}
+
 static void
 on_worker_exit(evutil_socket_t fd, short what, void *arg)
 {
@@ -442,6 +460,8 @@ run(const char *path)
 	if ((env.base = event_base_new()) == NULL)
 		fatalx("cannot create the event base");
 
+	env.released_ev = event_new(env.base, -1, 0, on_released, NULL);
+	config_defer_free(wake_main_to_free, env.released_ev);
 	env.listen_fd = listen_socket(env.config->listen, &env.unix_path);
 	env.nworkers = env.config->workers;
 	if (env.nworkers == 0) {
@@ -472,6 +492,9 @@ run(const char *path)
 
 	for (int i = 0; i < env.nworkers; i++)
 		worker_join(env.workers[i]);
+	config_defer_free(NULL, NULL);
+	config_free_released();
+	event_free(env.released_ev);
 	if (env.listen_fd != -1)
 		close(env.listen_fd);
 	if (env.unix_path) {
