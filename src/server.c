@@ -872,6 +872,36 @@ close_an_idle_connection(struct server *srv, const struct conn *newest,
 	return found;
 }
 
+static int
+conn_older(const void *a, const void *b)
+{
+	const struct conn *x = *(struct conn *const *)a;
+	const struct conn *y = *(struct conn *const *)b;
+
+	return (x->c_active_us > y->c_active_us) - (x->c_active_us < y->c_active_us);
+}
+
+/* The cap lowered (a reload) below what is open: up to `excess` idle ones
+ * go now, longest idle first, as they would one by one for new connections
+ * at the cap; else new connections waited until enough of the idle ones
+ * reached server.idle_timeout. One pass and a sort: the cap may drop by
+ * thousands. */
+static void
+close_idle_connections(struct server *srv, size_t excess)
+{
+	struct conn **idle = xcalloc(srv->s_nconns, sizeof(*idle));
+	struct conn *c;
+	size_t n = 0;
+
+	LIST_FOREACH(c, &srv->s_conns, c_entry)
+		if (c->c_answered && conn_quiet(c) && !conn_request_waiting(c))
+			idle[n++] = c;
+	qsort(idle, n, sizeof(*idle), conn_older);
+	for (size_t i = 0; i < n && i < excess; i++)
+		conn_free(idle[i]);
+	free(idle);
+}
+
 /*
  * At server.max_connections: new connections wait in the kernel's backlog
  * (nginx at worker_connections does the same) until one closes. Each
@@ -889,9 +919,9 @@ server_full(struct server *srv)
 	evconnlistener_disable(srv->s_listener);
 	if (srv->s_max_conns > 0 && (srv->s_full_logged_us == 0 ||
 	    now - srv->s_full_logged_us >= SERVER_ACCEPT_LOG_US)) {
-		log_warnx("%zu connection%s open, the most this worker takes "
-		    "(server.max_connections); new ones wait", srv->s_nconns,
-		    srv->s_nconns == 1 ? "" : "s");
+		log_warnx("%zu connection%s open, this worker's share of "
+		    "server.max_connections is %zu; new ones wait", srv->s_nconns,
+		    srv->s_nconns == 1 ? "" : "s", srv->s_max_conns);
 		srv->s_full_logged_us = now;
 	}
 }
@@ -996,6 +1026,8 @@ void
 server_set_max_connections(struct server *srv, size_t n)
 {
 	srv->s_max_conns = n;
+	if (srv->s_nconns > n)
+		close_idle_connections(srv, srv->s_nconns - n);
 	if (srv->s_nconns > n ||
 	    (srv->s_nconns == n && !close_an_idle_connection(srv, NULL, 0)))
 		server_full(srv);

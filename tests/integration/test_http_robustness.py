@@ -489,7 +489,7 @@ def test_max_connections_makes_new_ones_wait(start_daemon):
     assert requests.get(d.url("/v1/policy"), timeout=2).json()["server"]["max_connections"] == 4
     held = [busy_connection(d.port) for _ in range(4)]
     try:
-        assert wait_until(lambda: "the most this worker takes" in d.log(), timeout=2), d.log()
+        assert wait_until(lambda: "this worker's share of server.max_connections" in d.log(), timeout=2), d.log()
         waiting = socket.create_connection(("127.0.0.1", d.port), timeout=2)
         waiting.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         waiting.settimeout(0.5)
@@ -508,7 +508,7 @@ def test_max_connections_makes_new_ones_wait(start_daemon):
         for s in held:
             s.close()
     assert healthy(d)
-    assert d.log().count("the most this worker takes") == 1, d.log()
+    assert d.log().count("this worker's share of server.max_connections") == 1, d.log()
 
 
 def test_idle_connections_make_room_at_the_cap(start_daemon):
@@ -584,7 +584,7 @@ def test_connection_cap_leaves_descriptors_for_redis(start_daemon, redis_server,
             s = socket.create_connection(("127.0.0.1", d.port), timeout=2)
             s.sendall(b"GET /healthz HTTP/1.1\r\n")
             held.append(s)
-        assert wait_until(lambda: "the most this worker takes" in d.log(), timeout=3), d.log()
+        assert wait_until(lambda: "this worker's share of server.max_connections" in d.log(), timeout=3), d.log()
         # Drop the daemon's Redis link: it must come back although every
         # connection slot is taken.
         rc = redis_server.client()
@@ -631,3 +631,48 @@ def test_reload_at_the_cap_keeps_idle_connections_closable(start_daemon):
     assert time.monotonic() - t0 < 1.0
     for s in pool:
         s.close()
+
+
+def test_a_cap_lowered_on_reload_closes_idle_connections(start_daemon):
+    """server.max_connections lowered on reload below what is open, all of
+    them idle: a new connection waited until enough reached idle_timeout
+    (7.7 s here, up to 60 s by default). The idle ones beyond the new cap
+    go at the reload, longest idle first; a busy one is kept."""
+    d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 100\n"
+                                 "  idle_timeout: 30s\n"))
+    busy = busy_connection(d.port)
+    pool = []
+    try:
+        for _ in range(10):
+            s = socket.create_connection(("127.0.0.1", d.port), timeout=2)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(1000).startswith(b"HTTP/1.1 200 OK")
+            pool.append(s)
+            time.sleep(0.01)
+        d.write_policy(POL.replace("server:\n", "server:\n  max_connections: 4\n"
+                                   "  idle_timeout: 30s\n"))
+        d.signal(signal.SIGHUP)
+        assert wait_until(lambda: "loaded" in d.log(), timeout=3), d.log()
+        time.sleep(0.2)                 # the worker takes the policy in its loop
+        t0 = time.monotonic()
+        with socket.create_connection(("127.0.0.1", d.port), timeout=3) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert s.recv(1000).startswith(b"HTTP/1.1 200 OK")
+        assert time.monotonic() - t0 < 1.0
+        closed = []
+        for s in pool:
+            s.settimeout(0.05)
+            try:
+                closed.append(s.recv(100) == b"")
+            except socket.timeout:
+                closed.append(False)
+        # 11 open for 4: the 7 idle longest went at the reload, and the
+        # next for the new connection; the busy one and the newest stayed
+        assert closed == [True] * 8 + [False] * 2, closed
+        busy.sendall(b"\r\n")
+        busy.settimeout(3)
+        assert busy.recv(1000).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        busy.close()
+        for s in pool:
+            s.close()
