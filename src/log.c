@@ -163,6 +163,16 @@ log_vlog(enum log_level level, const char *label, int with_errno,
 }
 
 void
+log_errorx(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_vlog(LOG_LEVEL_ERROR, "error", 0, fmt, ap);
+	va_end(ap);
+}
+
+void
 log_warn(const char *fmt, ...)
 {
 	va_list ap;

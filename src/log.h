@@ -9,6 +9,7 @@ enum log_format { LOG_FORMAT_TEXT, LOG_FORMAT_JSON };
 
 void log_configure(enum log_level level, enum log_format format);
 int log_enabled(enum log_level level);
+void log_errorx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warnx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -194,9 +194,11 @@ reload(struct env *env, const char *why)
 		memset(&before, 0, sizeof(before));
 	c = config_load(env->config->path, &errors);
 	if (c == NULL) {
-		log_warnx("reload (%s) refused; the policy in force stays:", why);
+		/* An error, not a warning: SPEC 2 has every refusal logged
+		 * with its places, whatever log.level hides. */
+		log_errorx("reload (%s) refused; the policy in force stays:", why);
 		for (size_t i = 0; i < errors.n; i++)
-			log_warnx("%s", errors.lines[i]);
+			log_errorx("%s", errors.lines[i]);
 		metrics_reload(0);
 		/* Not again until the file changes; but a file that could not
 		 * be read for want of descriptors or memory is tried at the

@@ -188,6 +188,19 @@ def test_level_warn_hides_info(ops_daemon):
     assert any(o["level"] in ("warn", "warning", "error") for o in lines), lines
 
 
+def test_level_error_still_logs_a_refused_reload(ops_daemon):
+    """SPEC 2: a refused file is logged with its line and column. Its lines
+    were warnings, which log.level error hid: only the metric said."""
+    d = ops_daemon(log_policy("{level: error}"))
+    d.write_policy(log_policy("{level: error}").replace("limit: 2", "limit: -1"))
+    d.signal(signal.SIGHUP)
+    assert wait_until(lambda: "refused" in d.log(), timeout=2), d.log()
+    time.sleep(0.1)
+    lines = d.log().splitlines()
+    assert any(re.search(r" error .*policy-\d+\.yaml:\d+:\d+: ", l) for l in lines), lines
+    assert not any(" info " in l or " warn " in l for l in lines), lines
+
+
 def test_level_info_shows_info_then_reload_to_warn(ops_daemon):
     d = ops_daemon(log_policy("{level: info, format: json}"))
     assert wait_until(lambda: any(o["level"] == "info" for o in json_lines(d)), timeout=2), \
@@ -206,11 +219,13 @@ def test_level_info_shows_info_then_reload_to_warn(ops_daemon):
 
 
 def test_level_error_hides_warnings(ops_daemon):
-    """level error: startup (info) and a refused reload (a warning) write
-    nothing."""
+    """level error: startup (info) and a reload that changes server.workers
+    (a warning: it takes effect on restart) write nothing."""
     d = ops_daemon(log_policy("{level: error}"))
-    d.write_policy(log_policy("{level: error}") + "  bogus: 1\n")
-    assert wait_until(lambda: reload_errors(d) >= 1, timeout=2)
+    d.write_policy(log_policy("{level: error}").replace("server:\n", "server:\n  workers: 2\n", 1))
+    d.signal(signal.SIGHUP)
+    assert wait_until(lambda: scrape(d).get("ratelimitd_config_reloads_total",
+                                            result="success") >= 1, timeout=2)
     check(d, "/check/api/x", headers={"X-Key": "k"})
     time.sleep(0.1)
     assert d.log() == "", d.log()
