@@ -50,6 +50,7 @@
  * change was seen, within SPEC's 2 s.
  */
 #define MAIN_SETTLE_US		250000
+#define MAIN_GONE_US		1000000	/* missing this long is said */
 #define MAIN_SETTLE_MAX_US	1500000
 
 /* The main thread's state. */
@@ -68,6 +69,8 @@ struct env {
 	struct stat		 pending_stat;	/* changed, settling */
 	int			 pending;
 	long long		 pending_since_us; /* first seen changed */
+	long long		 gone_since_us;	/* the file missing since, or 0 */
+	int			 gone_logged;
 	long long		 pending_stat_us; /* first seen as pending_stat */
 	int			 stopping;
 	struct event		*worker_exit_ev;
@@ -269,12 +272,28 @@ on_file_check(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (env->stopping)
 		return;
-	if (stat(env->config->path, &sb) == -1 ||	/* mid-swap or gone */
-	    same_file_state(&sb, &env->loaded_stat)) {
+	now = mono_us();
+	if (stat(env->config->path, &sb) == -1) {
+		/* Gone for a moment in an editor's or a ConfigMap's swap; for
+		 * longer, said once, as nothing else would tell. */
+		if (env->gone_since_us == 0)
+			env->gone_since_us = now;
+		else if (!env->gone_logged &&
+		    now - env->gone_since_us >= MAIN_GONE_US) {
+			log_warnx("%s: %s; the policy in force stays, and the "
+			    "file is loaded again when it is back",
+			    env->config->path, strerror(errno));
+			env->gone_logged = 1;
+		}
 		env->pending = 0;
 		return;
 	}
-	now = mono_us();
+	env->gone_since_us = 0;
+	env->gone_logged = 0;
+	if (same_file_state(&sb, &env->loaded_stat)) {
+		env->pending = 0;
+		return;
+	}
 	if (!env->pending || !same_file_state(&sb, &env->pending_stat)) {
 		if (!env->pending)
 			env->pending_since_us = now;

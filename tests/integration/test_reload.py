@@ -471,6 +471,22 @@ def test_policy_replaced_by_something_endless_is_refused(ops_daemon, tmp_path):
     assert rss_kb < 128 * 1024, rss_kb
 
 
+def test_a_policy_file_gone_is_said_once(ops_daemon):
+    """A deleted policy file changed nothing and said nothing: the
+    operator had no sign that the next edit would go nowhere. Said once,
+    after a second (a swap's moment without the file is not), and the
+    file loaded again when it is back."""
+    d = ops_daemon(policy(route("api", "/api/", fw(3))))
+    os.unlink(d.policy_path)
+    assert wait_until(lambda: "No such file or directory; the policy in force stays" in d.log(),
+                      timeout=3.5), d.log()
+    time.sleep(1.2)
+    assert d.log().count("the policy in force stays, and the file is loaded again") == 1
+    assert route_limits(d, "api")[0]["limit"] == 3
+    d.write_policy(policy(route("api", "/api/", fw(5))))
+    assert wait_policy_limit(d, "api", 5, timeout=RELOAD_S + 1), d.log()
+
+
 def test_a_file_still_changing_is_not_loaded_until_it_holds_still(ops_daemon):
     """Six valid versions written 0.2 s apart: none held still for 250 ms,
     so none but the last may be loaded (the 1 s poll looking a moment
