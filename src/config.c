@@ -1187,8 +1187,9 @@ on_address(struct loader *ld, const struct node *nd, const char *key, char **out
 
 	if (get_string(ld, nd, key, out) == -1)
 		return -1;
-	/* redis://user:secret@host: not echoed, it holds a password */
-	if (strchr(*out, '@') != NULL) {
+	/* redis://user:secret@host: not echoed, it holds a password (an @
+	 * in a unix:/path is just a name) */
+	if (strstr(*out, "://") != NULL && strchr(*out, '@') != NULL) {
 		node_error(ld, nd, "%s: a URL with credentials is not an address "
 		    "(the value is not repeated here): use host:port, [ipv6]:port "
 		    "or unix:/path, with redis.username and redis.password_env", key);

@@ -111,6 +111,7 @@ struct store {
 	 * and the gauge call it connecting: the handshake alone proves little
 	 * (a Redis in CLIENT PAUSE WRITE answers it and holds every call). */
 	int			 st_answered;
+	int			 st_probing;	/* the probe call awaits its reply */
 	long long		 st_progress_us; /* last reply or first send */
 	int			 st_logged_down; /* "still down" logged once */
 	int			 st_logged_handshake; /* see handshake_refused */
@@ -205,6 +206,7 @@ on_probe_reply(redisAsyncContext *ac, void *r, void *privdata)
 	(void)privdata;
 	if (r == NULL || st == NULL || st->st_ac != ac)
 		return;
+	st->st_probing = 0;
 	link_answered(st);
 }
 
@@ -217,6 +219,7 @@ schedule_retry(struct store *st)
 	set_state(st, STORE_DOWN);
 	st->st_tcp_up = 0;
 	st->st_inflight = 0;
+	st->st_probing = 0;
 	event_del(st->st_handshake_ev);
 	event_add(st->st_retry_ev, &tv);
 	st->st_backoff_us *= 2;
@@ -324,8 +327,12 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 			    st->st_who);
 		st->st_logged_handshake = 0;
 		set_state(st, STORE_UP);
-		redisAsyncCommand(ac, on_probe_reply, NULL, "EVALSHA %s 0 0",
-		    st->st_sha);
+		/* Under the stall watchdog like a check: a reply that never
+		 * comes (a link gone silent) must not leave it unready for as
+		 * long as no check arrives. */
+		if (redisAsyncCommand(ac, on_probe_reply, NULL, "EVALSHA %s 0 0",
+		    st->st_sha) == REDIS_OK)
+			st->st_probing = 1;
 	}
 }
 
@@ -553,13 +560,17 @@ on_watchdog(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	if (st->st_state == STORE_UP && st->st_inflight > 0 &&
+	if (st->st_state == STORE_UP && (st->st_inflight > 0 || st->st_probing) &&
 	    mono_us() - st->st_progress_us > st->st_stall_us) {
-		if (!st->st_stalled)
+		if (!st->st_stalled && st->st_inflight > 0)
 			log_warnx("%s: no reply for %lld ms with %zu check%s "
 			    "pending; dropping the link", st->st_who,
 			    (mono_us() - st->st_progress_us) / 1000,
 			    st->st_inflight, st->st_inflight == 1 ? "" : "s");
+		else if (!st->st_stalled)
+			log_warnx("%s: no reply to the first script call for %lld "
+			    "ms; dropping the link", st->st_who,
+			    (mono_us() - st->st_progress_us) / 1000);
 		st->st_stalled = 1;
 		st->st_logged_down = 1;
 		on_drop(-1, 0, st);
@@ -856,6 +867,7 @@ store_configure(struct store *st, const struct config *c)
 	/* The old link's calls have had their callbacks: counted as pending,
 	 * they made the watchdog drop the new, healthy link a second later. */
 	st->st_inflight = 0;
+	st->st_probing = 0;
 	st->st_tcp_up = 0;
 	st->st_stalled = 0;
 	event_del(st->st_retry_ev);

@@ -137,3 +137,40 @@ class TrickledReplies(ReplyProxy):
                     dst.sendall(out)
         except OSError:
             pass
+
+
+class SilentAfterHandshake(ReplyProxy):
+    """The first link's replies stop after its handshake (the SCRIPT LOAD
+    reply, a 40-byte SHA): a link gone silent with its socket open, as
+    behind a network partition. Later links pass everything."""
+
+    def __init__(self, redis_port):
+        self.links = 0
+        super().__init__(redis_port)
+
+    def replies(self, src, dst):
+        self.links += 1
+        silent_after_sha = self.links == 1
+        threading.Thread(target=self.forward, args=(src, dst, silent_after_sha),
+                         daemon=True).start()
+
+    @staticmethod
+    def forward(src, dst, silent_after_sha):
+        seen = b""
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    dst.close()
+                    return
+                if silent_after_sha:
+                    seen += data
+                    at = seen.find(b"$40\r\n")
+                    if at >= 0 and len(seen) >= at + 47:
+                        dst.sendall(data[:len(data) - (len(seen) - (at + 47))])
+                        while src.recv(65536):
+                            pass            # swallowed
+                        return
+                dst.sendall(data)
+        except OSError:
+            pass

@@ -648,7 +648,7 @@ def test_a_cap_lowered_on_reload_closes_idle_connections(start_daemon):
             s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             assert s.recv(1000).startswith(b"HTTP/1.1 200 OK")
             pool.append(s)
-            time.sleep(0.01)
+            time.sleep(0.03)            # apart on a coarse clock of 10 ms ticks
         d.write_policy(POL.replace("server:\n", "server:\n  max_connections: 4\n"
                                    "  idle_timeout: 30s\n"))
         d.signal(signal.SIGHUP)

@@ -825,6 +825,11 @@ def test_a_password_put_in_place_of_a_name_is_not_echoed(tmp_path):
     assert all("URL with credentials" in e for e in out[1:]), out
 
 
+def test_an_at_sign_in_a_socket_path_is_no_url(tmp_path):
+    p = write(tmp_path, variant({5: "  address: unix:/run/redis@main/redis.sock"}))
+    assert validate(p).returncode == 0, validate(p).stderr
+
+
 def test_a_url_is_not_an_address(tmp_path):
     errs = run_bad(write(tmp_path, variant({5: '  address: "redis://127.0.0.1:6379"'})))
     assert len(errs) == 1 and "a URL is not an address" in errs[0][2], errs

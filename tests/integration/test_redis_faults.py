@@ -16,7 +16,7 @@ import requests
 from conftest import ROOT, RedisServer, wait_until
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
 from helpers import ArgsRedis, all_keys, check, healthy, policy, rkey, shared_daemon, vcheck
-from proxies import TrickledReplies
+from proxies import SilentAfterHandshake, TrickledReplies
 
 TIMEOUT_S = 0.050
 SLACK_S = 0.250
@@ -395,6 +395,22 @@ def test_a_key_of_the_wrong_type_fails_only_its_own_check(start_daemon, redis_se
     assert 'ratelimitd_redis_errors_total{kind="error"} 3' in requests.get(
         d.url("/metrics"), timeout=2).text
     assert wait_until(lambda: "WRONGTYPE" in d.log(), timeout=3), d.log()
+
+
+def test_a_link_silent_after_its_handshake_is_dropped_without_checks(start_daemon,
+                                                                       redis_server):
+    """The first script call of a link (the probe that makes it ready) has
+    the stall watchdog's deadline like a check: a link that answered its
+    handshake and then went silent, socket open, kept /readyz at 503 for
+    as long as no check came to trip the watchdog."""
+    proxy = SilentAfterHandshake(redis_server.port)
+    try:
+        d = start_daemon(SIMPLE, wait_ready=False, redis_port=proxy.port)
+        assert wait_until(lambda: readyz(d) == (200, "up"), timeout=5), d.log()
+        assert "no reply to the first script call" in d.log(), d.log()
+        assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+    finally:
+        proxy.close()
 
 
 def test_reload_to_another_redis_leaves_nothing_pending(start_daemon, redis_server, tmp_path):
