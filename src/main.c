@@ -146,6 +146,12 @@ listen_socket(const char *spec, char **unix_path)
 			fatal("socket");
 		if (bind(fd, (struct sockaddr *)&sun, sizeof(sun)) == -1)
 			fatal("bind %s", spec);
+		/* Connecting needs write permission, and the gateway runs as
+		 * another user: under a umask such as systemd's UMask=0077 the
+		 * socket was its owner's alone. As open as a loopback port;
+		 * the directory's mode says who may reach it. */
+		if (chmod(sun.sun_path, 0666) == -1)
+			fatal("chmod %s", sun.sun_path);
 		*unix_path = xstrdup(sun.sun_path);
 	} else {
 		struct addrinfo hints, *res;

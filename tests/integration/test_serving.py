@@ -19,9 +19,14 @@ def test_listen_unix_socket(tmp_path, redis_server):
     with open(path, "w") as f:
         f.write(text.format(redis_port=redis_server.port))
     log = open(os.path.join(str(tmp_path), "unix.log"), "wb")
-    proc = subprocess.Popen([BIN, "-c", path], stdout=log, stderr=log)
+    # systemd's unit runs it with UMask=0077: a gateway, another user, must
+    # still be able to connect (write permission on the socket)
+    proc = subprocess.Popen([BIN, "-c", path], stdout=log, stderr=log,
+                            preexec_fn=lambda: os.umask(0o077))
     try:
         assert wait_until(lambda: os.path.exists(sock), timeout=5)
+        assert wait_until(lambda: os.stat(sock).st_mode & 0o777 == 0o666, timeout=2), \
+            oct(os.stat(sock).st_mode)
 
         def ask(req):
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
