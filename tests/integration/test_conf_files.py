@@ -115,3 +115,14 @@ def test_match_is_optional_as_documented(tmp_path):
         text = f.read()
     line = [l for l in text.splitlines() if l.startswith("#   match ")]
     assert line and "required" not in line[0] and "optional" in line[0], line
+
+
+def test_compose_policy_validates_and_is_mounted_from_its_file():
+    """conf/compose.yaml's policy is a file it mounts: an inline `content:`
+    config cannot be created in a read_only service."""
+    r, path = validate("compose-policy.yaml")
+    assert r.returncode == 0, r.stderr
+    with open(os.path.join(ROOT, "conf", "compose.yaml")) as f:
+        compose = f.read()
+    assert "file: ./compose-policy.yaml" in compose and "content:" not in compose.replace(
+        "`content:`", "")
