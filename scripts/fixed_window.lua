@@ -29,6 +29,14 @@ ALGORITHMS.fixed_window = {
       count = tonumber(state[2]) or 0
       expiry_set = count > 0 and (state[3] == fmt_int(window)
                                   or tonumber(state[3]) == window)
+      -- This window's count, written for another length (a reload, at an
+      -- instant where both windows start): its expiry is the old
+      -- window's end. Set for this one now, denied or not: left to a
+      -- charge, a client denied until then started this window from zero.
+      if count > 0 and not expiry_set then
+        fw_write(key, now, start, count, window)
+        expiry_set = true
+      end
     else
       -- A count kept for a window of another length (a reload changed it)
       -- that began inside this window: its requests came between its start

@@ -81,7 +81,9 @@ end
 -- ended the call would leave the checks before it charged and answered
 -- as failures, and the checks after it undecided. Every limit of a check
 -- is read before any is charged, so a key of the wrong type fails its
--- check before that check is charged anywhere.
+-- check before that check is charged anywhere. (A stored value only
+-- this script could have written wrongly, such as a count of "1.5", can
+-- fail a later limit's write after an earlier one was charged.)
 for i = 1, #BATCH, 4 do
   local n, at = BATCH[i + 1], nreply
   local ok, err = pcall(check_one, BATCH[i], n, BATCH[i + 2], BATCH[i + 3])

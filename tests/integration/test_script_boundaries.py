@@ -440,6 +440,17 @@ def test_fixed_window_carries_a_count_begun_inside_the_new_window(lim):
     assert rep[0]["reset"] == 930 and rep[0]["retry"] == 930
     assert 800 <= lim.r.pttl("fw-23") <= 931          # the 3 s window's end
     assert lim("fw-23", three, base + 3 * S).allowed                 # the next one
+    # both windows starting at one instant, 10 s to 20 s: a denial sets
+    # the 20 s window's expiry (the 10 s one's took the count at 10 s,
+    # and the client got 3 more in the same 20 s window of 3)
+    ten, twenty = ("fixed_window", 3, 10 * S, 0), ("fixed_window", 3, 20 * S, 0)
+    base20 = T0 // (20 * S) * (20 * S)
+    for _ in range(3):
+        assert lim("fw-1020", ten, base20 + 500 * MS).allowed
+    assert 9_000 <= lim.r.pttl("fw-1020") <= 9_501
+    assert not lim("fw-1020", twenty, base20 + 600 * MS).allowed
+    assert 19_000 <= lim.r.pttl("fw-1020") <= 19_401
+    assert not lim("fw-1020", twenty, base20 + 11 * S).allowed
     # begun before the new window: [0, 2) holds requests before 1 s
     for _ in range(5):
         assert lim("fw-23b", two, base + 4 * S + 100 * MS).allowed  # window [4, 6)
