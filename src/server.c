@@ -605,7 +605,7 @@ conn_parse_head(struct conn *c)
 	const char *why = NULL, *cl, *conn_hdr;
 	size_t head_len = find_head_end(c->c_in, c->c_in_len);
 	unsigned long long body = 0;
-	int status;
+	int status, conn_close = 0, conn_keep = 0;
 
 	if (head_len == 0 || head_len > SERVER_HEADERS_MAX) {
 		if (head_len > SERVER_HEADERS_MAX || c->c_in_len > SERVER_HEADERS_MAX) {
@@ -652,9 +652,14 @@ conn_parse_head(struct conn *c)
 			}
 		}
 	}
-	conn_hdr = request_header(rq, "Connection");
-	rq->rq_keepalive = rq->rq_minor == 1 ? !(conn_hdr && has_token(conn_hdr, "close")) :
-	    (conn_hdr && has_token(conn_hdr, "keep-alive"));
+	/* Every Connection line (one list, RFC 9110 5.3), and close wins
+	 * over keep-alive (RFC 9112 9.3), in 1.0 too. */
+	for (unsigned i = 0; (conn_hdr = request_header_nth(rq, "Connection",
+	    i)) != NULL; i++) {
+		conn_close |= has_token(conn_hdr, "close");
+		conn_keep |= has_token(conn_hdr, "keep-alive");
+	}
+	rq->rq_keepalive = !conn_close && (rq->rq_minor == 1 || conn_keep);
 	rq->rq_head = strcmp(rq->rq_method, "HEAD") == 0;
 	c->c_head_parsed = 1;
 	c->c_head_len = head_len;
@@ -1252,8 +1257,14 @@ request_reply(struct http_request *req, int status, const char *content_type,
 		conn_out_append(c, "\r\n", 2);
 		if (!req->rq_head && len)
 			conn_out_append(c, body, len);
-		if (!keepalive)
+		if (!keepalive) {
 			c->c_closing = 1;
+			/* Bytes after this request (a client pipelining past
+			 * its own close): closing with them unread sends a
+			 * reset, which can destroy this reply. */
+			if (c->c_in_len > c->c_req_len || conn_request_waiting(c))
+				c->c_lingering = 1;
+		}
 		if (c->c_out_off == 0)
 			conn_flush(c);	/* else the write event is armed already */
 	}

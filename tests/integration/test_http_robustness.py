@@ -676,3 +676,57 @@ def test_a_cap_lowered_on_reload_closes_idle_connections(start_daemon):
         busy.close()
         for s in pool:
             s.close()
+
+
+def closes_after_reply(port, data):
+    """Sends data, reads one reply; True when the daemon then closes (EOF
+    within 1 s), False when the connection stays open."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=2)
+    try:
+        s.sendall(data)
+        reply = s.recv(65536)
+        assert reply.startswith(b"HTTP/1."), reply
+        s.settimeout(1.0)
+        try:
+            return s.recv(100) == b""
+        except socket.timeout:
+            return False
+    finally:
+        s.close()
+
+
+def test_close_in_any_connection_line_wins(start_daemon):
+    """RFC 9110 5.3: repeated Connection lines are one list; RFC 9112 9.3:
+    close wins, in HTTP/1.0 too. Only the first line was read, and 1.0
+    looked only for keep-alive."""
+    d = start_daemon(POL)
+    assert closes_after_reply(d.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+                              b"Connection: keep-alive\r\nConnection: close\r\n\r\n")
+    assert closes_after_reply(d.port, b"GET /healthz HTTP/1.0\r\n"
+                              b"Connection: keep-alive, close\r\n\r\n")
+    assert not closes_after_reply(d.port, b"GET /healthz HTTP/1.0\r\n"
+                                  b"Connection: foo\r\nConnection: keep-alive\r\n\r\n")
+    assert not closes_after_reply(d.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+
+
+def test_close_with_pipelined_bytes_ends_with_fin_not_reset(start_daemon):
+    """A client pipelining past its own Connection: close: closing with its
+    bytes unread made the kernel send a reset, which can destroy the reply
+    (RFC 9112 9.6). The daemon half-closes and drains, as after an error."""
+    d = start_daemon(POL)
+    for _ in range(3):
+        s = socket.create_connection(("127.0.0.1", d.port), timeout=3)
+        try:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                      + b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 200)
+            time.sleep(0.1)
+            got = b""
+            while True:
+                chunk = s.recv(65536)      # ConnectionResetError: the bug
+                if not chunk:
+                    break
+                got += chunk
+            assert got.startswith(b"HTTP/1.1 200 OK") and got.count(b"HTTP/1.1 ") == 1, got
+        finally:
+            s.close()
+    assert healthy(d)
