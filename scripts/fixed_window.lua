@@ -17,6 +17,18 @@ local function fw_write(key, now, start, n, window)
   expire_in_us(key, start + window - now)
 end
 
+-- fw_write as housekeeping during a check, before the verdict: under
+-- maxmemory Redis refuses it (OOM) when it is the call's first write, and
+-- then the check is still decided on the count it read (a denied client
+-- stays denied) rather than failing by its failure mode. True if written.
+local function fw_tidy(key, now, start, n, window)
+  local r = redis.pcall('HSET', key, 's', fmt_int(start), 'n', fmt_int(n),
+                        'w', fmt_int(window))
+  if type(r) == 'table' and r.err then return false end
+  redis.pcall('PEXPIRE', key, fmt_int(expiry_ms(start + window - now)))
+  return true
+end
+
 ALGORITHMS.fixed_window = {
   check = function(key, now, cost, limit, window)
     local start = math.floor(now / window) * window
@@ -34,8 +46,7 @@ ALGORITHMS.fixed_window = {
       -- window's end. Set for this one now, denied or not: left to a
       -- charge, a client denied until then started this window from zero.
       if count > 0 and not expiry_set then
-        fw_write(key, now, start, count, window)
-        expiry_set = true
+        expiry_set = fw_tidy(key, now, start, count, window)
       end
     else
       -- A count kept for a window of another length (a reload changed it)
@@ -51,8 +62,7 @@ ALGORITHMS.fixed_window = {
       if s0 and s0 >= start and s0 <= now then
         count = tonumber(state[2]) or 0
         if count > 0 then
-          fw_write(key, now, start, count, window)
-          expiry_set = true
+          expiry_set = fw_tidy(key, now, start, count, window)
         end
       end
     end

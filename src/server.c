@@ -152,6 +152,14 @@ conn_quiet(const struct conn *c)
 	    c->c_out_len == 0 && !c->c_lingering && !c->c_dead && !c->c_closing;
 }
 
+/* Its last reply is out and it is half-closed, waiting only for its
+ * client's EOF (see conn_settle). */
+static int
+conn_lingering_out(const struct conn *c)
+{
+	return c->c_lingering && c->c_shut && c->c_out_len == 0;
+}
+
 /* Bytes of a next request wait in the socket, not read yet. */
 static int
 conn_request_waiting(const struct conn *c)
@@ -268,6 +276,13 @@ conn_settle(struct conn *c)
 			shutdown(c->c_fd, SHUT_WR);
 			c->c_shut = 1;
 			event_add(c->c_idle_ev, &tv);
+			/* It holds a slot it will never use: a worker at its
+			 * cap takes new connections again, and this one makes
+			 * room (close_an_idle_connection). */
+			if (c->c_server->s_full) {
+				c->c_server->s_full = 0;
+				accept_again(c->c_server);
+			}
 		}
 		return;
 	}
@@ -654,8 +669,10 @@ conn_parse_head(struct conn *c)
 	}
 	/* Every Connection line (one list, RFC 9110 5.3), and close wins
 	 * over keep-alive (RFC 9112 9.3), in 1.0 too. */
-	for (unsigned i = 0; (conn_hdr = request_header_nth(rq, "Connection",
-	    i)) != NULL; i++) {
+	for (int i = 0; i < rq->rq_nheaders; i++) {
+		if (!header_is(&rq->rq_headers[i], "Connection", 10))
+			continue;	/* one pass: a head may hold 1,300 of them */
+		conn_hdr = rq->rq_headers[i].value;
 		conn_close |= has_token(conn_hdr, "close");
 		conn_keep |= has_token(conn_hdr, "keep-alive");
 	}
@@ -847,9 +864,17 @@ static int
 close_an_idle_connection(struct server *srv, const struct conn *newest,
     int close_it)
 {
-	struct conn *c, *oldest;
+	struct conn *c, *oldest = NULL;
 	int tries, found = 0;
 
+	/* One whose reply is out and that only waits for its client to
+	 * close (lingering) goes first: it will never take a request. */
+	LIST_FOREACH(c, &srv->s_conns, c_entry)
+		if (c != newest && conn_lingering_out(c)) {
+			oldest = c;
+			found = 1;
+			break;
+		}
 	/* A connection with a request waiting in its socket is not idle:
 	 * skipped, and the next oldest looked at, a few times over. */
 	for (tries = 0; tries < SERVER_IDLE_TRIES && !found; tries++) {
@@ -899,7 +924,8 @@ close_idle_connections(struct server *srv, size_t excess)
 	size_t n = 0;
 
 	LIST_FOREACH(c, &srv->s_conns, c_entry)
-		if (c->c_answered && conn_quiet(c) && !conn_request_waiting(c))
+		if (conn_lingering_out(c) ||
+		    (c->c_answered && conn_quiet(c) && !conn_request_waiting(c)))
 			idle[n++] = c;
 	qsort(idle, n, sizeof(*idle), conn_older);
 	for (size_t i = 0; i < n && i < excess; i++)

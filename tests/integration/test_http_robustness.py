@@ -730,3 +730,28 @@ def test_close_with_pipelined_bytes_ends_with_fin_not_reset(start_daemon):
         finally:
             s.close()
     assert healthy(d)
+
+
+def test_a_lingering_connection_makes_room_at_the_cap(start_daemon):
+    """A close reply that lingers (pipelined bytes behind it) waits for its
+    client's EOF: at the cap it held the slot for the 2 s linger while a
+    new connection waited. It has nothing more to answer: it goes first."""
+    d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 1\n"))
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=3)
+    try:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                  b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        got = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break                       # the daemon's FIN; our side stays open
+            got += chunk
+        assert got.startswith(b"HTTP/1.1 200 OK")
+        t0 = time.monotonic()
+        with socket.create_connection(("127.0.0.1", d.port), timeout=3) as n:
+            n.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert n.recv(1000).startswith(b"HTTP/1.1 200 OK")
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        s.close()

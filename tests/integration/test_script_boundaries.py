@@ -457,6 +457,26 @@ def test_fixed_window_carries_a_count_begun_inside_the_new_window(lim):
     assert lim("fw-23b", three, base + 6 * S + 10 * MS).allowed     # [6, 9): fresh
 
 
+def test_fixed_window_housekeeping_refused_under_oom_still_denies(lim):
+    """A window hash without its length (an older build's) is rewritten
+    during the check; under maxmemory Redis refuses that first write, and
+    the client over its limit was answered by the failure mode (200 by
+    default) instead of denied."""
+    spec = ("fixed_window", 5, 10 * S, 0)
+    start = T0 // (10 * S) * (10 * S)
+    lim.r.hset("fw-oom", mapping={"s": str(start), "n": "5"})
+    lim.r.set("fw-oom-filler", "x" * 1000)
+    lim.r.config_set("maxmemory-policy", "noeviction")
+    lim.r.config_set("maxmemory", "1")
+    try:
+        for _ in range(2):
+            rep = lim("fw-oom", spec, start + S)
+            assert not rep.allowed and rep[0]["remaining"] == 0, rep.limits
+    finally:
+        lim.r.config_set("maxmemory", "0")
+    assert lim.r.hget("fw-oom", "w") is None          # refused, and told nothing
+
+
 @pytest.mark.parametrize("alg,before,after,reset_ms", [
     # a slower refill: 10 tokens short at 1/s take 10 s, not 1 s
     ("token_bucket", (10, 10, S), (10, 1, S), 10_000),
