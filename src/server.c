@@ -279,7 +279,8 @@ conn_settle(struct conn *c)
 			/* It holds a slot it will never use: a worker at its
 			 * cap takes new connections again, and this one makes
 			 * room (close_an_idle_connection). */
-			if (c->c_server->s_full) {
+			if (c->c_server->s_full &&
+			    c->c_server->s_nconns <= c->c_server->s_max_conns) {
 				c->c_server->s_full = 0;
 				accept_again(c->c_server);
 			}
@@ -843,10 +844,11 @@ on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
 	 * worker stops accepting unless one is idle to make room for the
 	 * next. (So a worker holds one more than its share while another
 	 * connection goes from idle to busy in the meantime.) */
-	if (++srv->s_nconns > srv->s_max_conns) {
-		if (!close_an_idle_connection(srv, c, 1))
-			server_full(srv);
-	} else if (srv->s_nconns == srv->s_max_conns &&
+	if (++srv->s_nconns > srv->s_max_conns &&
+	    !close_an_idle_connection(srv, c, 1))
+		server_full(srv);
+	/* At the cap (after making room, too): the next needs another. */
+	else if (srv->s_nconns >= srv->s_max_conns &&
 	    !close_an_idle_connection(srv, c, 0))
 		server_full(srv);
 }

@@ -755,3 +755,39 @@ def test_a_lingering_connection_makes_room_at_the_cap(start_daemon):
         assert time.monotonic() - t0 < 1.0
     finally:
         s.close()
+
+
+def test_lingering_connections_never_take_a_worker_past_its_share(start_daemon):
+    """At the cap with others waiting, each connection that closes with a
+    pipelined request behind it (and so lingers) makes room for exactly
+    one: accepting was left on after that, and every such round took the
+    worker one further past its share (4, then 5, 6, 7, 8 of 4)."""
+    d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 2\n"))
+
+    def sockets():
+        fds = "/proc/%d/fd" % d.proc.pid
+        return sum(os.readlink(os.path.join(fds, f)).startswith("socket:")
+                   for f in os.listdir(fds))
+    counts = [sockets()]
+    while (len(counts) < 3 or len(set(counts[-3:])) > 1) and len(counts) < 60:
+        time.sleep(0.05)
+        counts.append(sockets())
+    before = counts[-1]
+    close_and_more = (b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                      b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    busy = busy_connection(d.port)
+    clients = [socket.create_connection(("127.0.0.1", d.port), timeout=3) for _ in range(6)]
+    held = []
+    try:
+        for s in clients:                 # one at a time, each once it is served
+            s.sendall(close_and_more)
+            s.settimeout(3)
+            assert s.recv(1000).startswith(b"HTTP/1.1 200 OK")
+            time.sleep(0.2)
+            held.append(sockets() - before)
+        assert max(held) <= 3, held       # the share, and one making room
+    finally:
+        busy.close()
+        for s in clients:
+            s.close()
+    assert healthy(d)
