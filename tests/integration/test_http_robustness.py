@@ -540,26 +540,32 @@ def test_idle_connections_make_room_at_the_cap(start_daemon):
             s.close()
 
 
+def daemon_sockets(d):
+    fds = "/proc/%d/fd" % d.proc.pid
+    return sum(os.readlink(os.path.join(fds, f)).startswith("socket:")
+               for f in os.listdir(fds))
+
+
+def settled_sockets(d):
+    """The daemon's socket count once it holds still: the readiness
+    probe's connection is gone by then."""
+    counts = [daemon_sockets(d)]
+    while (len(counts) < 3 or len(set(counts[-3:])) > 1) and len(counts) < 60:
+        time.sleep(0.05)
+        counts.append(daemon_sockets(d))
+    return counts[-1]
+
+
 def test_max_connections_is_the_daemons_total_across_workers(start_daemon):
     """The workers' shares add up to server.max_connections (3 over 2
     workers: 2 and 1), so the cap holds for the daemon, not per worker:
     of 5 busy connections, 3 are taken."""
     d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 3\n  workers: 2\n"))
-
-    def sockets():
-        fds = "/proc/%d/fd" % d.proc.pid
-        return sum(os.readlink(os.path.join(fds, f)).startswith("socket:")
-                   for f in os.listdir(fds))
-    # The readiness probe's connection is gone once the count holds still.
-    counts = [sockets()]
-    while (len(counts) < 3 or len(set(counts[-3:])) > 1) and len(counts) < 60:
-        time.sleep(0.05)
-        counts.append(sockets())
-    before = counts[-1]
+    before = settled_sockets(d)
     held = [busy_connection(d.port) for _ in range(5)]
     try:
         time.sleep(0.2)
-        assert sockets() - before == 3
+        assert daemon_sockets(d) - before == 3
     finally:
         for s in held:
             s.close()
@@ -763,16 +769,7 @@ def test_lingering_connections_never_take_a_worker_past_its_share(start_daemon):
     one: accepting was left on after that, and every such round took the
     worker one further past its share (4, then 5, 6, 7, 8 of 4)."""
     d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 2\n"))
-
-    def sockets():
-        fds = "/proc/%d/fd" % d.proc.pid
-        return sum(os.readlink(os.path.join(fds, f)).startswith("socket:")
-                   for f in os.listdir(fds))
-    counts = [sockets()]
-    while (len(counts) < 3 or len(set(counts[-3:])) > 1) and len(counts) < 60:
-        time.sleep(0.05)
-        counts.append(sockets())
-    before = counts[-1]
+    before = settled_sockets(d)
     close_and_more = (b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
                       b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     busy = busy_connection(d.port)
@@ -784,7 +781,7 @@ def test_lingering_connections_never_take_a_worker_past_its_share(start_daemon):
             s.settimeout(3)
             assert s.recv(1000).startswith(b"HTTP/1.1 200 OK")
             time.sleep(0.2)
-            held.append(sockets() - before)
+            held.append(daemon_sockets(d) - before)
         assert max(held) <= 3, held       # the share, and one making room
     finally:
         busy.close()
