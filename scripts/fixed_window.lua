@@ -12,20 +12,15 @@
 -- build without `w` gets it, and its expiry, on its next charge.
 if USED.fixed_window then
 -- The window starting at `start`, holding n, with its expiry at its end.
-local function fw_write(key, now, start, n, window)
-  redis.call('HSET', key, 's', fmt_int(start), 'n', fmt_int(n), 'w', fmt_int(window))
-  expire_in_us(key, start + window - now)
-end
-
--- fw_write as housekeeping during a check, before the verdict: under
--- maxmemory Redis refuses it (OOM) when it is the call's first write, and
--- then the check is still decided on the count it read (a denied client
--- stays denied) rather than failing by its failure mode. True if written.
-local function fw_tidy(key, now, start, n, window)
-  local r = redis.pcall('HSET', key, 's', fmt_int(start), 'n', fmt_int(n),
-                        'w', fmt_int(window))
+-- `call` is redis.call for a charge; redis.pcall for the housekeeping a
+-- check does before its verdict, which under maxmemory Redis refuses (OOM)
+-- when it is the call's first write: the check is then still decided on
+-- the count it read (a denied client stays denied) rather than failing by
+-- its failure mode. True if written.
+local function fw_write(call, key, now, start, n, window)
+  local r = call('HSET', key, 's', fmt_int(start), 'n', fmt_int(n), 'w', fmt_int(window))
   if type(r) == 'table' and r.err then return false end
-  redis.pcall('PEXPIRE', key, fmt_int(expiry_ms(start + window - now)))
+  call('PEXPIRE', key, fmt_int(expiry_ms(start + window - now)))
   return true
 end
 
@@ -41,30 +36,25 @@ ALGORITHMS.fixed_window = {
       count = tonumber(state[2]) or 0
       expiry_set = count > 0 and (state[3] == fmt_int(window)
                                   or tonumber(state[3]) == window)
-      -- This window's count, written for another length (a reload, at an
-      -- instant where both windows start): its expiry is the old
-      -- window's end. Set for this one now, denied or not: left to a
-      -- charge, a client denied until then started this window from zero.
-      if count > 0 and not expiry_set then
-        expiry_set = fw_tidy(key, now, start, count, window)
-      end
     else
       -- A count kept for a window of another length (a reload changed it)
       -- that began inside this window: its requests came between its start
       -- and now, so they are this window's too, whatever its length. (One
       -- that began earlier may hold requests from before this window: that
       -- count is not carried. One that begins after now is Redis's clock
-      -- gone back: that window starts from zero.) Carried now, denied or
-      -- not, as housekeeping that keeps the count: left to a charge, a
-      -- client denied until the old key expired started the new window
-      -- from zero.
+      -- gone back: that window starts from zero.)
       local s0 = tonumber(state[1])
       if s0 and s0 >= start and s0 <= now then
         count = tonumber(state[2]) or 0
-        if count > 0 then
-          expiry_set = fw_tidy(key, now, start, count, window)
-        end
       end
+    end
+    -- A count of this window stored for another length (carried, or a
+    -- reload at an instant where both windows start): its expiry is the
+    -- old window's end. Written for this one now, denied or not, as
+    -- housekeeping that keeps the count: left to a charge, a client denied
+    -- until the old key expired started this window from zero.
+    if count > 0 and not expiry_set then
+      expiry_set = fw_write(redis.pcall, key, now, start, count, window)
     end
     local until_end = start + window - now
     local allowed = count + cost <= limit
@@ -94,7 +84,7 @@ ALGORITHMS.fixed_window = {
       redis.call('HINCRBY', key, 'n', fmt_int(cost))
       return
     end
-    fw_write(key, now, r.start, r.count + cost, window)
+    fw_write(redis.call, key, now, r.start, r.count + cost, window)
   end,
 }
 end
