@@ -111,7 +111,6 @@ struct store {
 	 * and the gauge call it connecting: the handshake alone proves little
 	 * (a Redis in CLIENT PAUSE WRITE answers it and holds every call). */
 	int			 st_answered;
-	int			 st_probing;	/* the probe call awaits its reply */
 	long long		 st_progress_us; /* last reply or first send */
 	int			 st_logged_down; /* "still down" logged once */
 	int			 st_logged_handshake; /* see handshake_refused */
@@ -206,7 +205,6 @@ on_probe_reply(redisAsyncContext *ac, void *r, void *privdata)
 	(void)privdata;
 	if (r == NULL || st == NULL || st->st_ac != ac)
 		return;
-	st->st_probing = 0;
 	link_answered(st);
 }
 
@@ -219,7 +217,6 @@ schedule_retry(struct store *st)
 	set_state(st, STORE_DOWN);
 	st->st_tcp_up = 0;
 	st->st_inflight = 0;
-	st->st_probing = 0;
 	event_del(st->st_handshake_ev);
 	event_add(st->st_retry_ev, &tv);
 	st->st_backoff_us *= 2;
@@ -327,12 +324,12 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 			    st->st_who);
 		st->st_logged_handshake = 0;
 		set_state(st, STORE_UP);
-		/* Under the stall watchdog like a check: a reply that never
-		 * comes (a link gone silent) must not leave it unready for as
-		 * long as no check arrives. */
-		if (redisAsyncCommand(ac, on_probe_reply, NULL, "EVALSHA %s 0 0",
-		    st->st_sha) == REDIS_OK)
-			st->st_probing = 1;
+		/* Redis answers in order, so until it answers this no call
+		 * on the link is answered: the stall watchdog covers it as
+		 * !st_answered, or a link gone silent would stay unready for
+		 * as long as no check arrives. */
+		redisAsyncCommand(ac, on_probe_reply, NULL, "EVALSHA %s 0 0",
+		    st->st_sha);
 	}
 }
 
@@ -560,7 +557,7 @@ on_watchdog(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	if (st->st_state == STORE_UP && (st->st_inflight > 0 || st->st_probing) &&
+	if (st->st_state == STORE_UP && (st->st_inflight > 0 || !st->st_answered) &&
 	    mono_us() - st->st_progress_us > st->st_stall_us) {
 		if (!st->st_stalled && st->st_inflight > 0)
 			log_warnx("%s: no reply for %lld ms with %zu check%s "
@@ -867,7 +864,6 @@ store_configure(struct store *st, const struct config *c)
 	/* The old link's calls have had their callbacks: counted as pending,
 	 * they made the watchdog drop the new, healthy link a second later. */
 	st->st_inflight = 0;
-	st->st_probing = 0;
 	st->st_tcp_up = 0;
 	st->st_stalled = 0;
 	event_del(st->st_retry_ev);
