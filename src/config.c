@@ -2697,14 +2697,12 @@ config_load(const char *path, struct config_errors *errors)
 		errors->passing = errno_is_passing(errno);
 		errorf(&ld, 1, 1, "cannot open: %s", strerror(errno));
 	}
-	/* open takes a directory; reading it would fail as "input error" */
-	else if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-		errorf(&ld, 1, 1, "is a directory, not a policy file");
-		close(fd);
-	} else if (fstat(fd, &st) == 0 && (S_ISCHR(st.st_mode) ||
-	    S_ISBLK(st.st_mode))) {
-		/* /dev/zero reads without end */
-		errorf(&ld, 1, 1, "is a device, not a policy file");
+	/* open takes a directory, whose read would fail as "input error",
+	 * and a device, of which /dev/zero reads without end */
+	else if (fstat(fd, &st) == 0 && (S_ISDIR(st.st_mode) ||
+	    S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode))) {
+		errorf(&ld, 1, 1, "is a %s, not a policy file",
+		    S_ISDIR(st.st_mode) ? "directory" : "device");
 		close(fd);
 	} else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) == -1 ||
 	    (fp = fdopen(fd, "r")) == NULL) {
