@@ -218,6 +218,7 @@ reason(int status)
 static void accept_again(struct server *);
 static int server_has_waiters(struct server *);
 static void server_full(struct server *);
+static void server_room(struct server *);
 static int close_an_idle_connection(struct server *, const struct conn *,
     int);
 
@@ -227,10 +228,8 @@ conn_free(struct conn *c)
 	struct server *srv = c->c_server;
 
 	LIST_REMOVE(c, c_entry);
-	if (--srv->s_nconns < srv->s_max_conns && srv->s_full) {
-		srv->s_full = 0;
-		accept_again(srv);
-	}
+	if (--srv->s_nconns < srv->s_max_conns)
+		server_room(srv);
 	event_free(c->c_read_ev);
 	event_free(c->c_write_ev);
 	event_free(c->c_idle_ev);
@@ -279,11 +278,8 @@ conn_settle(struct conn *c)
 			/* It holds a slot it will never use: a worker at its
 			 * cap takes new connections again, and this one makes
 			 * room (close_an_idle_connection). */
-			if (c->c_server->s_full &&
-			    c->c_server->s_nconns <= c->c_server->s_max_conns) {
-				c->c_server->s_full = 0;
-				accept_again(c->c_server);
-			}
+			if (c->c_server->s_nconns <= c->c_server->s_max_conns)
+				server_room(c->c_server);
 		}
 		return;
 	}
@@ -959,6 +955,16 @@ server_full(struct server *srv)
 	}
 }
 
+/* Out of server_full: there is room again. */
+static void
+server_room(struct server *srv)
+{
+	if (srv->s_full) {
+		srv->s_full = 0;
+		accept_again(srv);
+	}
+}
+
 /* Are connections waiting in the listening socket's backlog? */
 static int
 server_has_waiters(struct server *srv)
@@ -1064,10 +1070,8 @@ server_set_max_connections(struct server *srv, size_t n)
 	if (srv->s_nconns > n ||
 	    (srv->s_nconns == n && !close_an_idle_connection(srv, NULL, 0)))
 		server_full(srv);
-	else if (srv->s_full) {
-		srv->s_full = 0;
-		accept_again(srv);
-	}
+	else
+		server_room(srv);
 }
 
 void
