@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <string.h>
+#include <time.h>
 
 /* Room for any long long, its sign and the NUL. */
 #define FMT_LL_MAX	24
@@ -45,6 +46,51 @@ fmt_cat(char *out, size_t size, size_t *o, const char *s)
 	memcpy(out + *o, s, l + 1);
 	*o += l;
 	return 0;
+}
+
+/* An IMF-fixdate ("Sun, 06 Nov 1994 08:49:37 GMT", RFC 9110 5.6.7) and
+ * its NUL. */
+#define FMT_HTTP_DATE_MAX	30
+
+/* Writes t as an IMF-fixdate into out (FMT_HTTP_DATE_MAX bytes); returns
+ * the length, or 0 for a time gmtime cannot break down. By hand, not
+ * strftime: its day and month names follow the locale. */
+static inline size_t
+fmt_http_date(char *out, time_t t)
+{
+	static const char days[] = "SunMonTueWedThuFriSat";
+	static const char months[] = "JanFebMarAprMayJunJulAugSepOctNovDec";
+	struct tm tm;
+	char *o = out;
+
+	if (gmtime_r(&t, &tm) == NULL || tm.tm_year + 1900 > 9999 ||
+	    tm.tm_year + 1900 < 0)
+		return 0;
+	memcpy(o, days + 3 * tm.tm_wday, 3);
+	o += 3;
+	*o++ = ',';
+	*o++ = ' ';
+	*o++ = (char)('0' + tm.tm_mday / 10);
+	*o++ = (char)('0' + tm.tm_mday % 10);
+	*o++ = ' ';
+	memcpy(o, months + 3 * tm.tm_mon, 3);
+	o += 3;
+	*o++ = ' ';
+	*o++ = (char)('0' + (tm.tm_year + 1900) / 1000);
+	*o++ = (char)('0' + (tm.tm_year + 1900) / 100 % 10);
+	*o++ = (char)('0' + (tm.tm_year + 1900) / 10 % 10);
+	*o++ = (char)('0' + (tm.tm_year + 1900) % 10);
+	*o++ = ' ';
+	*o++ = (char)('0' + tm.tm_hour / 10);
+	*o++ = (char)('0' + tm.tm_hour % 10);
+	*o++ = ':';
+	*o++ = (char)('0' + tm.tm_min / 10);
+	*o++ = (char)('0' + tm.tm_min % 10);
+	*o++ = ':';
+	*o++ = (char)('0' + tm.tm_sec / 10);
+	*o++ = (char)('0' + tm.tm_sec % 10);
+	memcpy(o, " GMT", 5);
+	return (size_t)(o + 4 - out);
 }
 
 #endif

@@ -132,6 +132,8 @@ struct server {
 	server_handler		 s_handler;
 	void			*s_arg;
 	LIST_HEAD(, conn)	 s_conns;
+	time_t			 s_date_sec;	/* what s_date says */
+	char			 s_date[FMT_HTTP_DATE_MAX];
 };
 
 static void conn_process(struct conn *);
@@ -347,6 +349,22 @@ on_write(evutil_socket_t fd, short what, void *arg)
 	conn_settle(c);
 }
 
+/* The Date every reply carries (RFC 9110 6.6.1: a server with a clock
+ * sends one), formatted once a second. */
+static const char *
+server_date(struct server *s)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+	if (ts.tv_sec != s->s_date_sec || s->s_date[0] == '\0') {
+		if (fmt_http_date(s->s_date, ts.tv_sec) == 0)
+			s->s_date[0] = '\0';
+		s->s_date_sec = ts.tv_sec;
+	}
+	return s->s_date;
+}
+
 /* Answers a protocol error the handler never saw, then closes. */
 static void
 conn_error(struct conn *c, int status, const char *msg)
@@ -354,9 +372,10 @@ conn_error(struct conn *c, int status, const char *msg)
 	char buf[512];
 	int n;
 
-	n = snprintf(buf, sizeof(buf), "HTTP/1.1 %d %s\r\nContent-Type: "
-	    "application/json\r\nContent-Length: %zu\r\nConnection: close\r\n\r\n"
-	    "{\"error\":\"%s\"}", status, reason(status), strlen(msg) + 12, msg);
+	n = snprintf(buf, sizeof(buf), "HTTP/1.1 %d %s\r\nDate: %s\r\n"
+	    "Content-Type: application/json\r\nContent-Length: %zu\r\n"
+	    "Connection: close\r\n\r\n{\"error\":\"%s\"}", status, reason(status),
+	    server_date(c->c_server), strlen(msg) + 12, msg);
 	conn_out_append(c, buf, (size_t)n);
 	c->c_closing = 1;
 	c->c_lingering = 1;	/* whatever follows is not a request */
@@ -1265,11 +1284,15 @@ request_reply(struct http_request *req, int status, const char *content_type,
 	if (!c->c_dead) {
 		/* Built by hand: snprintf's format parsing showed in profiles of
 		 * the hot path, and every piece here is short and bounded. */
-		n = head_put(head, n, req->rq_minor ? "HTTP/1.1 " : "HTTP/1.0 ");
+		/* 1.1 to a 1.0 request too, as nginx does: the version we
+		 * speak (RFC 9110 2.5), not the client's. */
+		n = head_put(head, n, "HTTP/1.1 ");
 		fmt_ll(num, status);
 		n = head_put(head, n, num);
 		n = head_put(head, n, " ");
 		n = head_put(head, n, reason(status));
+		n = head_put(head, n, "\r\nDate: ");
+		n = head_put(head, n, server_date(c->c_server));
 		n = head_put(head, n, "\r\n");
 		if (content_type) {
 			n = head_put(head, n, "Content-Type: ");

@@ -1,5 +1,6 @@
 """Malformed HTTP and hostile input never take the daemon down (SPEC §3.3, §8).
 After every attack the daemon must still answer /healthz and count right."""
+import email.utils
 import os
 import select
 import signal
@@ -192,10 +193,31 @@ def test_pipelined_requests(start_daemon):
 
 
 def test_http10_request(start_daemon):
+    """A 1.0 request is answered in the version the server speaks, as
+    nginx does (RFC 9110 2.5)."""
     d = start_daemon(POL)
     out = raw_http(d.port, b"GET /check/x HTTP/1.0\r\nX-Api-Key: h10\r\n\r\n", timeout=3)
-    assert status_of(out) == 200
+    assert out.startswith(b"HTTP/1.1 200 OK\r\n"), out
     assert b"X-RateLimit-Remaining: 4" in out
+
+
+def test_every_reply_is_dated(start_daemon):
+    """RFC 9110 6.6.1: a server with a clock sends Date, on replies from
+    the handler and on protocol errors alike."""
+    d = start_daemon(POL)
+    for req in (b"GET /check/x HTTP/1.1\r\nHost: x\r\nX-Api-Key: dated\r\n\r\n",
+                b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n",
+                b"BAD\r\n\r\n"):
+        before = time.time()
+        out = raw_http(d.port, req, timeout=3)
+        after = time.time()
+        head = out.split(b"\r\n\r\n", 1)[0].decode()
+        dates = [l[6:] for l in head.split("\r\n") if l.lower().startswith("date: ")]
+        assert len(dates) == 1, head
+        stamp = email.utils.parsedate_to_datetime(dates[0])
+        assert dates[0].endswith(" GMT") and len(dates[0]) == 29, dates
+        assert int(before) - 1 <= stamp.timestamp() <= after + 1, (dates, before)
 
 
 def test_bad_json_then_healthy(start_daemon):
@@ -456,13 +478,21 @@ def test_client_that_never_reads_its_replies_holds_no_memory(start_daemon):
     # Read everything: every request sent whole gets its reply.
     s.setblocking(True)
     s.settimeout(5)
-    reply = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 3\r\n\r\nok\n"
+    # Each reply's Date (29 bytes) is masked as D...D before comparing.
+    reply = (b"HTTP/1.1 200 OK\r\nDate: " + b"D" * 29 + b"\r\nContent-Type: "
+             b"text/plain\r\nContent-Length: 3\r\n\r\nok\n")
+    date_at = reply.index(b"D" * 29)
     expected = sent // len(req) * len(reply)
     got = 0
     while got < expected:
-        data = s.recv(1 << 20)
+        data = bytearray(s.recv(1 << 20))
         assert data, "connection closed after %d of %d replies" % (
             got // len(reply), expected // len(reply))
+        for base in range(got - got % len(reply), got + len(data), len(reply)):
+            a = max(base + date_at, got) - got
+            z = min(base + date_at + 29, got + len(data)) - got
+            if a < z:
+                data[a:z] = b"D" * (z - a)
         assert data == (reply * (len(data) // len(reply) + 2))[
             got % len(reply):got % len(reply) + len(data)], data[:200]
         got += len(data)

@@ -15,6 +15,7 @@
 
 #include "config.h"
 #include "denycache.h"
+#include "fmt.h"
 #include "limiter.h"
 #include "policy.h"
 #include "sha256.h"
@@ -636,6 +637,28 @@ test_verdict_and_headers(void)
 	    limiter_ms_to_s(1001) == 2 && limiter_ms_to_s(0) == 0);
 }
 
+static void
+test_formatting(void)
+{
+	char n[FMT_LL_MAX], d[FMT_HTTP_DATE_MAX];
+
+	CHECK(fmt_ll(n, 0) == 1 && strcmp(n, "0") == 0);
+	CHECK(fmt_ll(n, -9223372036854775807LL - 1) == 20 &&
+	    strcmp(n, "-9223372036854775808") == 0);
+	/* RFC 9110 5.6.7's own example, the epoch, a leap day, 2038. */
+	CHECK(fmt_http_date(d, 784111777) == 29);
+	CHECK_STR(d, "Sun, 06 Nov 1994 08:49:37 GMT");
+	fmt_http_date(d, 0);
+	CHECK_STR(d, "Thu, 01 Jan 1970 00:00:00 GMT");
+	fmt_http_date(d, 1709164800);
+	CHECK_STR(d, "Thu, 29 Feb 2024 00:00:00 GMT");
+	fmt_http_date(d, 2147483648LL);
+	CHECK_STR(d, "Tue, 19 Jan 2038 03:14:08 GMT");
+	fmt_http_date(d, 253402300799LL);
+	CHECK_STR(d, "Fri, 31 Dec 9999 23:59:59 GMT");
+	CHECK(fmt_http_date(d, 253402300800LL) == 0);	/* year 10000 */
+}
+
 /* Caches key's denial by the first limit of `two` (the second allows),
  * retry_ms from now, for a call sent and answered at the times given. */
 static void
@@ -727,6 +750,7 @@ static const struct {
 	{ "client ip", test_client_ip },
 	{ "redis keys and command", test_encode_and_build },
 	{ "verdict and headers", test_verdict_and_headers },
+	{ "numbers and dates", test_formatting },
 	{ "deny cache", test_denycache },
 };
 
