@@ -1047,6 +1047,17 @@ config_parse_cidr(const char *s, struct cidr *out)
 			return -1;
 		out->bits = (int)bits;
 	}
+	/* An IPv4-mapped range (::ffff:10.0.0.0/104, copied from `ss` on a
+	 * dual-stack host) names IPv4 peers, and peers and forwarded
+	 * addresses in that form are read as IPv4: kept as IPv6, it would
+	 * never match. */
+	if (out->family == AF_INET6 && out->bits >= 96 &&
+	    memcmp(out->addr, "\0\0\0\0\0\0\0\0\0\0\xff\xff", 12) == 0) {
+		memmove(out->addr, out->addr + 12, 4);
+		memset(out->addr + 4, 0, sizeof(out->addr) - 4);
+		out->family = AF_INET;
+		out->bits -= 96;
+	}
 	return 0;
 }
 

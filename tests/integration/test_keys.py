@@ -66,6 +66,16 @@ def test_ip_headers_ignored_from_untrusted_peer(start_daemon, redis_server):
     assert r.status_code == 429
 
 
+@pytest.mark.parametrize("proxies", ["[\"::ffff:127.0.0.1/128\"]", "[\"::ffff:127.0.0.0/104\"]"])
+def test_ipv4_mapped_trusted_range_is_the_ipv4_range(start_daemon, redis_server, proxies):
+    """A trusted range written IPv4-mapped (as `ss` shows a dual-stack
+    host's peers) trusts those IPv4 peers: it was kept as IPv6, never
+    matched, and every client counted as the proxy."""
+    d = start_daemon(KEYS.replace("[127.0.0.1/32, 10.0.0.0/8]", proxies))
+    check(d, "/check/ip/x", "GET", {"X-Forwarded-For": "203.0.113.5"})
+    assert all_keys(redis_server.client()) == {rkey("ipk", "203.0.113.5", "q", "fixed_window")}
+
+
 def test_ips_counted_separately(start_daemon):
     d = start_daemon(KEYS)
     a = {"X-Forwarded-For": "203.0.113.1"}

@@ -11,6 +11,8 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include <sys/socket.h>
+
 #include <hiredis/hiredis.h>
 
 #include "config.h"
@@ -134,6 +136,16 @@ test_cidr(void)
 	CHECK(config_parse_cidr("10.0.0.0/33", &c) == -1);
 	CHECK(config_parse_cidr("nope", &c) == -1);
 	CHECK(config_parse_cidr("10.0.0.0/", &c) == -1);
+	/* IPv4-mapped ranges name IPv4 peers, which is how they are read. */
+	CHECK(config_parse_cidr("::ffff:10.1.0.0/112", &c) == 0 &&
+	    c.family == AF_INET && c.bits == 16 &&
+	    memcmp(c.addr, "\x0a\x01\0\0\0\0\0\0\0\0\0\0\0\0\0\0", 16) == 0);
+	CHECK(config_parse_cidr("::ffff:127.0.0.1", &c) == 0 &&
+	    c.family == AF_INET && c.bits == 32);
+	CHECK(config_parse_cidr("::ffff:0:0/96", &c) == 0 &&
+	    c.family == AF_INET && c.bits == 0);
+	CHECK(config_parse_cidr("::ffff:0:0/95", &c) == 0 && c.family == AF_INET6);
+	CHECK(config_parse_cidr("::1:ffff:0:0/112", &c) == 0 && c.family == AF_INET6);
 }
 
 static const char *good_policy =
