@@ -850,8 +850,21 @@ check_json(struct worker *w, struct http_request *req)
 			http_reply_json_error(req, 400, key ? "field \"key\" must not "
 			    "be empty" : "field \"key\" is required with \"route\"");
 			goto out;
+		} else if (route->nkeys == 1 && route->keys[0].type == KEY_IP &&
+		    policy_canonical_ip(key, strlen(key), ip, sizeof(ip)) == 0) {
+			/* A route keyed by IP alone: an address is that
+			 * client, however spelled, with its bucket and its
+			 * overrides, as /check sees it. */
+			key = ip;
+			kind = POLICY_KEY_IP;
 		}
 		keylen = strlen(key);
+	} else if (key) {
+		/* Else the client would be resolved from the described
+		 * request, not the key the caller believes it named. */
+		http_reply_json_error(req, 400, "field \"key\" needs \"route\" "
+		    "(or describe the request without it)");
+		goto out;
 	} else {
 		if (ipfield) {
 			if (policy_canonical_ip(ipfield, strlen(ipfield), ip,

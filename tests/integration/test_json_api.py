@@ -101,6 +101,45 @@ def test_describe_form_ip_is_client_ip(start_daemon, redis_server):
     assert rkey("byip", "198.51.100.3", "q", "fixed_window") in all_keys(redis_server.client())
 
 
+def test_named_address_on_an_ip_route_is_that_client(start_daemon, redis_server):
+    """On a route keyed by ip alone, a named key that is an address is the
+    client /check sees at that address, however spelled: its bucket and
+    its override. It was matched against overrides as written, so the
+    bucket /check limited at 1 took 3 by name, and an exempt address
+    named canonically was charged."""
+    d = start_daemon(policy(
+        "  - name: byip\n"
+        "    match: {prefix: /ip/}\n"
+        "    key: ip\n"
+        "    limits: [{name: q, algorithm: fixed_window, limit: 3, window: 1h}]\n"
+        "    overrides:\n"
+        '      - {keys: ["::ffff:10.9.9.9"], limits: [{name: q, algorithm: fixed_window,'
+        " limit: 1, window: 1h}]}\n"
+        '      - {keys: ["2001:DB8::1"], unlimited: true}\n'))
+    r = vcheck(d, {"route": "byip", "key": "10.9.9.9"})
+    assert r.status_code == 200 and r.json()["limit"] == 1, r.text
+    r = vcheck(d, {"route": "byip", "key": "::FFFF:10.9.9.9"})
+    assert r.status_code == 429 and r.json()["key"] == "10.9.9.9", r.text
+    r = vcheck(d, {"method": "GET", "path": "/ip/x", "ip": "10.9.9.9"})
+    assert r.status_code == 429, r.text
+    for spelled in ("2001:db8::1", "2001:db8:0::1"):
+        v = vcheck(d, {"route": "byip", "key": spelled}).json()
+        assert v.get("unlimited") is True, v
+    # not an address: a value, as before
+    assert vcheck(d, {"route": "byip", "key": "unix"}).json()["limit"] == 3
+    assert all_keys(redis_server.client()) == {
+        rkey("byip", "10.9.9.9", "q", "fixed_window"),
+        rkey("byip", "unix", "q", "fixed_window")}
+
+
+def test_key_without_route_is_400(start_daemon):
+    """The describe form resolves the client itself: a `key` beside it was
+    ignored, and the caller charged another bucket than it named."""
+    d = start_daemon(JSON_POLICY)
+    r = vcheck(d, {"method": "GET", "path": "/s/x", "headers": {"K": "a"}, "key": "b"})
+    assert r.status_code == 400 and "\"key\" needs \"route\"" in r.json()["error"], r.text
+
+
 def test_describe_form_host_must_match(start_daemon):
     d = start_daemon(JSON_POLICY)
     r = vcheck(d, {"method": "GET", "path": "/api/x", "host": "other.example.com",
