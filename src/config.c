@@ -1998,6 +1998,46 @@ on_match_methods(struct loader *ld, const struct node *nd, const char *key, void
 	return bad ? -1 : 0;
 }
 
+/* What a Host header can say: a DNS name (underscores too: container
+ * names have them), an IPv4 or [IPv6] address, maybe a port. */
+static int
+host_is_valid(const char *host)
+{
+	struct host_parts h;
+	char v6[INET6_ADDRSTRLEN];
+	unsigned char addr[16];
+	long port = 0;
+
+	policy_host_split(host, &h);
+	if (h.namelen == 0)
+		return -1;
+	if (host[0] == '[' || memchr(h.name, ':', h.namelen) != NULL) {
+		if (h.namelen >= sizeof(v6))
+			return -1;
+		memcpy(v6, h.name, h.namelen);
+		v6[h.namelen] = '\0';
+		if (inet_pton(AF_INET6, v6, addr) != 1)
+			return -1;
+		if (host[0] == '[' && h.name[h.namelen + 1] != '\0' && h.port == NULL)
+			return -1;	/* junk after the ']' */
+	} else {
+		for (size_t i = 0; i < h.namelen; i++)
+			if (!isalnum((unsigned char)h.name[i]) && h.name[i] != '.' &&
+			    h.name[i] != '-' && h.name[i] != '_')
+				return -1;
+	}
+	if (h.port == NULL)
+		return 0;
+	if (h.portlen == 0 || h.portlen > 5)
+		return -1;
+	for (size_t i = 0; i < h.portlen; i++) {
+		if (!isdigit((unsigned char)h.port[i]))
+			return -1;
+		port = port * 10 + (h.port[i] - '0');
+	}
+	return port >= 1 && port <= 65535 ? 0 : -1;
+}
+
 static int
 on_match_host(struct loader *ld, const struct node *nd, const char *key, void *t)
 {
@@ -2012,6 +2052,12 @@ on_match_host(struct loader *ld, const struct node *nd, const char *key, void *t
 	}
 	for (char *p = d->r.host; *p; p++)
 		*p = (char)tolower((unsigned char)*p);
+	if (host_is_valid(d->r.host) == -1) {
+		node_error(ld, nd, "%s: \"%s\" is not a host: give a name or "
+		    "address, optionally with :port (no wildcard, scheme or path: "
+		    "it is compared whole)", key, echo(ld, nd->value));
+		return -1;
+	}
 	return 0;
 }
 

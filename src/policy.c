@@ -98,30 +98,54 @@ policy_normalize_uri(const char *uri, char *buf, size_t size, const char **query
 		*query = p + 1;
 }
 
+void
+policy_host_split(const char *s, struct host_parts *out)
+{
+	size_t len = strlen(s);
+	const char *colon;
+
+	out->port = NULL;
+	out->portlen = 0;
+	if (s[0] == '[') {
+		const char *close = strchr(s, ']');
+
+		if (close) {
+			out->name = s + 1;
+			out->namelen = (size_t)(close - s - 1);
+			if (close[1] == ':') {
+				out->port = close + 2;
+				out->portlen = strlen(close + 2);
+			}
+			return;
+		}
+	}
+	out->name = s;
+	out->namelen = len;
+	/* One colon parts a port; more are a bare IPv6 address. */
+	if ((colon = strchr(s, ':')) != NULL && strchr(colon + 1, ':') == NULL) {
+		out->namelen = (size_t)(colon - s);
+		out->port = colon + 1;
+		out->portlen = len - out->namelen - 1;
+	}
+	if (out->namelen > 0 && s[out->namelen - 1] == '.')
+		out->namelen--;	/* a fully qualified name with its root dot */
+}
+
+/* The policy's host against the request's: names alike but for case,
+ * brackets and a root dot; the port only when the policy names one. */
 static int
 host_matches(const char *want, const char *host)
 {
-	size_t wl = strlen(want), hl;
-	const char *colon;
+	struct host_parts w, h;
 
 	if (host == NULL)
 		return 0;
-	hl = strlen(host);
-	/* The Host header may carry a port the policy did not name. */
-	if (strchr(want, ':') == NULL && host[0] != '[' &&
-	    (colon = strrchr(host, ':')) != NULL)
-		hl = (size_t)(colon - host);
-	else if (host[0] == '[' && strchr(want, ']') == NULL) {
-		const char *close = strchr(host, ']');
-
-		if (close && want[0] != '[') {
-			host++;
-			hl = (size_t)(close - host);
-		}
-	}
-	if (hl > 0 && host[hl - 1] == '.')
-		hl--;	/* a fully qualified name with its root dot */
-	return hl == wl && strncasecmp(want, host, wl) == 0;
+	policy_host_split(want, &w);
+	policy_host_split(host, &h);
+	if (w.namelen != h.namelen || strncasecmp(w.name, h.name, w.namelen) != 0)
+		return 0;
+	return w.port == NULL || (w.portlen == h.portlen &&
+	    memcmp(w.port, h.port, w.portlen) == 0);
 }
 
 const struct route *

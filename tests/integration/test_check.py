@@ -251,6 +251,29 @@ def test_route_host(start_daemon):
     assert r.status_code == 200 and limit_of(r) == 24
 
 
+@pytest.mark.parametrize("want,host,matches", [
+    ("api.example.com.", "api.example.com", True),      # root dot in the policy
+    ("api.example.com.", "api.example.com.:80", True),
+    ("api.example.com:8443", "API.example.com.:8443", True),
+    ("api.example.com:8443", "api.example.com:443", False),
+    ("api.example.com:8443", "api.example.com", False),
+    ("'[::1]'", "[::1]:8080", True),                     # a port the policy did not name
+    ("'::1'", "[::1]:8080", True),
+    ("'[::1]:8080'", "[::1]:8080", True),
+    ("'[::1]:8080'", "[::1]:9090", False),
+    ("'[::1]'", "[::2]", False),
+    ("api_1.internal", "api_1.internal:81", True),
+])
+def test_host_forms(start_daemon, want, host, matches):
+    """A route's host and the request's compare as name and port: the
+    brackets of an IPv6 literal and a root dot are spelling. A policy host
+    with its root dot, or "[::1]" against a Host with a port, never
+    matched (found by an audit)."""
+    d = start_daemon(policy(route("h", "{prefix: /, host: %s}" % want, [fw(7)])))
+    r = check(d, "/check/x", "GET", {"Host": host})
+    assert (limit_of(r) == 7 if matches else not has_rl_headers(r)), (want, host, r.headers)
+
+
 def test_no_route_is_not_counted(start_daemon, redis_server):
     d = start_daemon(ROUTES)
     for _ in range(5):

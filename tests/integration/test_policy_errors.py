@@ -241,6 +241,12 @@ def _cases():
     add("bad_trusted_proxy", {8: "trusted_proxies: [127.0.0.1/32, not-a-cidr]"}, 8, "not-a-cidr")
     add("bad_trusted_proxy_prefix", {8: "trusted_proxies: [10.0.0.0/33]"}, 8, "10.0.0.0/33")
     add("bad_regex", {17: "    match: { regex: '^/v[0-9+/' }"}, 17, "'^/v[0-9+/'")
+    # a host is compared whole: these could never match a request
+    for i, host in enumerate(("'*.example.com'", "https://api.example.com", "'a b'",
+                              "'api.example.com:0'", "'api:'", "'[::1]x'", "'[::1'",
+                              "'api.example.com/v1'")):
+        add("bad_host_%d" % i, {11: "    match: { prefix: /api/, host: %s }" % host},
+            11, host, "host")
     add("bad_listen_word", {2: "  listen: nowhere"}, 2, "nowhere")
     add("bad_listen_port", {2: "  listen: 127.0.0.1:99999"}, 2, "127.0.0.1:99999")
     add("bad_listen_no_port", {2: "  listen: '127.0.0.1:'"}, 2, "'127.0.0.1:'")
@@ -445,9 +451,9 @@ def test_bare_ipv6_in_a_flow_list_is_the_address(start_daemon):
     from helpers import policy
     d = start_daemon(policy("  - name: r\n    match: {prefix: /}\n    limits: [{algorithm: "
                             "fixed_window, limit: 5, window: 1m}]\n",
-                            top="trusted_proxies: [::1/128,   ::ffff:0:0/96]\n"))
+                            top="trusted_proxies: [::1/128,   2001:db8::/32]\n"))
     v = requests.get(d.url("/v1/policy"), timeout=5).json()
-    assert v["trusted_proxies"] == ["::1/128", "::ffff:0.0.0.0/96"], v
+    assert v["trusted_proxies"] == ["::1/128", "2001:db8::/32"], v
 
 
 def test_bare_ipv6_error_is_where_the_value_is(tmp_path):
