@@ -1887,10 +1887,69 @@ check_match_path(struct loader *ld, const struct node *nd, const char *key,
 	return dead ? -1 : 0;
 }
 
+
+/*
+ * What glibc's regcomp takes but a user cannot mean: a back-reference
+ * (\1; not POSIX ERE), whose matching takes time exponential in the
+ * path's length, so one client's long path would hold a worker for
+ * minutes; and a PCRE escape such as \d, which glibc reads as the letter.
+ * The GNU escapes \w \W \s \S \b \B are kept. Inside a bracket
+ * expression a backslash is itself. True, with the reason in why, when
+ * the pattern is refused.
+ */
+static int
+regex_refused(const char *re, char *why, size_t size)
+{
+	for (const char *p = re; *p; p++) {
+		if (*p == '[') {
+			const char *q = p + 1;
+
+			q += *q == '^';
+			q += *q == ']';
+			for (; *q && *q != ']'; q++) {
+				if (*q == '[' && (q[1] == ':' || q[1] == '.' || q[1] == '=')) {
+					char close[3] = { q[1], ']', '\0' };
+					const char *end = strstr(q + 2, close);
+
+					if (end == NULL)
+						return 0;	/* regcomp says what */
+					q = end + 1;
+				} else if (*q == '\\' && q[1] != '\0' && strchr("dDwWsS", q[1])) {
+					snprintf(why, size, "inside [...] a backslash is "
+					    "itself, so [\\%c] is a backslash or the letter "
+					    "%c: write [0-9], [[:alnum:]_] or [[:space:]]",
+					    q[1], q[1]);
+					return 1;
+				}
+			}
+			if (*q == '\0')
+				return 0;
+			p = q;
+		} else if (*p == '\\' && p[1] != '\0') {
+			if (p[1] >= '1' && p[1] <= '9') {
+				snprintf(why, size, "a back-reference (\\%c) is not POSIX "
+				    "ERE, and matching one takes time exponential in "
+				    "the path's length", p[1]);
+				return 1;
+			}
+			if (isalpha((unsigned char)p[1]) && strchr("wWsSbB", p[1]) == NULL) {
+				snprintf(why, size, "\\%c is not POSIX ERE: it would "
+				    "match the letter %c%s", p[1], p[1], p[1] == 'd' ?
+				    " (write [0-9])" : p[1] == 'D' ? " (write [^0-9])" : "");
+				return 1;
+			}
+			p++;
+		}
+	}
+	return 0;
+}
+
 static int
 set_path(struct loader *ld, const struct node *nd, const char *key,
     struct route_draft *d, enum path_match kind)
 {
+	char why[192];
+
 	if (++d->path_fields > 1) {
 		node_error(ld, nd, "match: use only one of path, prefix and regex");
 		return -1;
@@ -1912,6 +1971,11 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
 		 * serves (a reload compiles there) */
 		node_error(ld, nd, "regex: %zu bytes long; at most %d", strlen(d->r.path),
 		    REGEX_MAX_LEN);
+		d->r.path_kind = PATH_ANY;
+		return -1;
+	}
+	if (kind == PATH_REGEX && regex_refused(d->r.path, why, sizeof(why))) {
+		node_error(ld, nd, "regex: \"%s\": %s", echo(ld, d->r.path), why);
 		d->r.path_kind = PATH_ANY;
 		return -1;
 	}

@@ -177,6 +177,15 @@ def test_good_forms(tmp_path):
     assert p.stdout.decode().strip() == "%s: ok" % path
 
 
+def test_good_regexes(tmp_path):
+    """GNU escapes, escaped punctuation and classes stay accepted."""
+    for rx in ("'^/v[0-9]+/'", "'^/\\w+\\.json$'", "'^/a\\b'", "'^/[[:digit:]\\]+$'",
+               "'^/[]a]\\/x'", "'^/[^]/]+$'", "'\\s\\S\\W\\B'"):
+        path = write(tmp_path, variant({17: "    match: { regex: %s }" % rx}))
+        p = validate(path)
+        assert p.returncode == 0, (rx, p.stderr.decode())
+
+
 def test_good_listen_unix(tmp_path):
     path = write(tmp_path, variant({2: "  listen: unix:/tmp/ratelimitd-test.sock"}))
     p = validate(path)
@@ -247,6 +256,13 @@ def _cases():
                               "'api.example.com/v1'")):
         add("bad_host_%d" % i, {11: "    match: { prefix: /api/, host: %s }" % host},
             11, host, "host")
+    # a back-reference takes time exponential in a client's path (an
+    # audit held a worker 10 s with a 400-byte path); \\d is the letter d
+    for i, (rx, says) in enumerate((("'^/(.*)(.*)\\2\\1x$'", "back-reference"),
+                                    ("'^/v\\d+/'", "[0-9]"), ("'^/\\D'", "[^0-9]"),
+                                    ("'^/a\\p'", "letter p"),
+                                    ("'^/v[\\d]+/'", "inside [...]"))):
+        add("bad_regex_%d" % i, {17: "    match: { regex: %s }" % rx}, 17, rx, says)
     add("bad_listen_word", {2: "  listen: nowhere"}, 2, "nowhere")
     add("bad_listen_port", {2: "  listen: 127.0.0.1:99999"}, 2, "127.0.0.1:99999")
     add("bad_listen_no_port", {2: "  listen: '127.0.0.1:'"}, 2, "'127.0.0.1:'")
