@@ -1181,10 +1181,19 @@ validate_listen(const char *s, const char **cause)
 			*cause = "IPv6 addresses need brackets: [addr]:port";
 			return -1;
 		}
+		/* Else it fails only at the first connection, as "cannot
+		 * resolve". Underscores are allowed: container names. */
+		for (const char *p = s; p < colon; p++)
+			if ((!isalnum((unsigned char)*p) && *p != '.' && *p != '-' &&
+			    *p != '_') || s[0] == '-') {
+				*cause = "the host must be a name or an address";
+				return -1;
+			}
 	}
 	errno = 0;
 	port = strtol(colon + 1, &end, 10);
-	if (colon[1] == '\0' || *end != '\0' || errno || port < 1 || port > 65535) {
+	if (!isdigit((unsigned char)colon[1]) || *end != '\0' || errno || port < 1 ||
+	    port > 65535) {
 		*cause = "port must be from 1 to 65535";
 		return -1;
 	}
@@ -1200,10 +1209,11 @@ on_address(struct loader *ld, const struct node *nd, const char *key, char **out
 		return -1;
 	/* redis://user:secret@host: not echoed, it holds a password (an @
 	 * in a unix:/path is just a name) */
-	if (strstr(*out, "://") != NULL && strchr(*out, '@') != NULL) {
-		node_error(ld, nd, "%s: a URL with credentials is not an address "
-		    "(the value is not repeated here): use host:port, [ipv6]:port "
-		    "or unix:/path, with redis.username and redis.password_env", key);
+	if (strncmp(*out, "unix:", 5) != 0 && strchr(*out, '@') != NULL) {
+		node_error(ld, nd, "%s: %s with credentials is not an address (the "
+		    "value is not repeated here): use host:port, [ipv6]:port or "
+		    "unix:/path, with redis.username and redis.password_env", key,
+		    strstr(*out, "://") ? "a URL" : "a user@host");
 		return -1;
 	}
 	if (validate_listen(*out, &cause) == -1) {

@@ -838,13 +838,28 @@ def test_a_password_put_in_place_of_a_name_is_not_echoed(tmp_path):
     out = []
     for lines in [variant(insert={6: ['  password_env: "Hunter2 SecretB!"']}),
                   variant({5: '  address: "redis://:Hunter2SecretC@127.0.0.1:6379"'}),
-                  variant({5: '  address: "redis://rl:Hunter2SecretD@[::1]:6379"'})]:
+                  variant({5: '  address: "redis://rl:Hunter2SecretD@[::1]:6379"'}),
+                  # without a scheme: one was echoed, the other loaded and
+                  # was logged and shown by /v1/policy (found by an audit)
+                  variant({5: '  address: "admin:Hunter2SecretE@127.0.0.1:6379"'}),
+                  variant({5: '  address: "Hunter2SecretF@127.0.0.1:6379"'})]:
         errs = run_bad(write(tmp_path, lines))
         assert len(errs) == 1, errs
         out.append(errs[0][2])
     assert not any("Hunter2" in e for e in out), out
     assert "environment variable name" in out[0], out
-    assert all("URL with credentials" in e for e in out[1:]), out
+    assert all("URL with credentials" in e for e in out[1:3]), out
+    assert all("user@host with credentials" in e for e in out[3:]), out
+
+
+@pytest.mark.parametrize("value", ["'host with space:6379'", "'-h:1'", "'a/b:6379'",
+                                   "'127.0.0.1: 6379'", "'127.0.0.1:+6379'"])
+def test_an_address_that_cannot_resolve_is_refused(tmp_path, value):
+    """It loaded, and failed only at the first connection attempt."""
+    errs = run_bad(write(tmp_path, variant({5: "  address: %s" % value})))
+    assert len(errs) == 1 and errs[0][:2] == (5, 12), errs
+    errs = run_bad(write(tmp_path, variant({2: "  listen: %s" % value})))
+    assert len(errs) == 1 and errs[0][:2] == (2, 11), errs
 
 
 def test_an_at_sign_in_a_socket_path_is_no_url(tmp_path):
