@@ -1042,7 +1042,7 @@ config_parse_cidr(const char *s, struct cidr *out)
 	if (slash) {
 		errno = 0;
 		bits = strtol(slash, &end, 10);
-		if (*slash == '\0' || *end != '\0' || errno || bits < 0 ||
+		if (!isdigit((unsigned char)*slash) || *end != '\0' || errno || bits < 0 ||
 		    bits > out->bits)
 			return -1;
 		out->bits = (int)bits;
@@ -2176,7 +2176,9 @@ parse_key_source(struct loader *ld, const struct node *nd, struct key_source *ks
 		size_t pl = strlen(named[i].prefix);
 
 		if (strncmp(nd->value, named[i].prefix, pl) == 0) {
-			if (named[i].type == KEY_HEADER ? !valid_token(nd->value + pl) :
+			/* Header and cookie names are tokens (RFC 9110 5.1,
+			 * RFC 6265 4.1.1): "cookie:a=b" would never be found. */
+			if (named[i].type != KEY_QUERY ? !valid_token(nd->value + pl) :
 			    nd->value[pl] == '\0') {
 				node_error(ld, nd, "key: \"%s\" needs a valid name after "
 				    "\"%s\"", echo(ld, nd->value), named[i].prefix);
@@ -2190,6 +2192,37 @@ parse_key_source(struct loader *ld, const struct node *nd, struct key_source *ks
 	node_error(ld, nd, "key: \"%s\" is not a key source (ip, header:NAME, "
 	    "query:NAME, cookie:NAME, global)", echo(ld, nd->value));
 	return -1;
+}
+
+/* A source after ip or global (always present), or listed twice, is
+ * never the one that gives the key. */
+static void
+warn_key_sources_unused(struct loader *ld, const struct node *list,
+    const struct key_source *ks, size_t n)
+{
+	for (size_t i = 1; i < n; i++) {
+		const struct node *at = list->items[i];
+
+		for (size_t j = 0; j < i; j++) {
+			const struct node *before = list->items[j];
+
+			if (ks[j].type == KEY_IP || ks[j].type == KEY_GLOBAL) {
+				warnf(ld, at, "key: \"%s\" is never used: \"%s\" (at "
+				    "%d:%d) comes first and is always present",
+				    echo(ld, at->value), before->value, before->line,
+				    before->col);
+				break;
+			}
+			if (ks[j].type == ks[i].type && (ks[i].type == KEY_HEADER ?
+			    strcasecmp(ks[j].name, ks[i].name) == 0 :
+			    strcmp(ks[j].name, ks[i].name) == 0)) {
+				warnf(ld, at, "key: \"%s\" is never used: it is "
+				    "listed at %d:%d", echo(ld, at->value),
+				    before->line, before->col);
+				break;
+			}
+		}
+	}
 }
 
 static int
@@ -2217,6 +2250,8 @@ on_route_key(struct loader *ld, const struct node *nd, const char *key, void *t)
 		else
 			d->r.nkeys++;
 	}
+	if (!bad)
+		warn_key_sources_unused(ld, nd, d->r.keys, d->r.nkeys);
 	return bad ? -1 : 0;
 }
 
@@ -2384,6 +2419,46 @@ check_override_keys_unique(struct loader *ld, const struct route *r,
 	for (size_t i = 0; i < n; i++)
 		free(all[i].as);
 	free(all);
+}
+
+/* Override keys no client can have, on a route keyed by global (its one
+ * client is "*") or by ip (a client is one address: not a range, and on
+ * a route keyed by ip alone, no other value but "unix"). They load, as
+ * harmless, but are surely not meant. */
+static void
+warn_override_keys_unmatched(struct loader *ld, const struct route *r,
+    const struct node *route_nd)
+{
+	const struct node *overrides_nd = mapping_get(route_nd, "overrides");
+	int by_ip = 0, ip_alone = r->nkeys == 1 && r->keys[0].type == KEY_IP;
+	int global = r->nkeys > 0 && r->keys[0].type == KEY_GLOBAL;
+
+	for (size_t i = 0; i < r->nkeys; i++)
+		by_ip |= r->keys[i].type == KEY_IP;
+	for (size_t i = 0; overrides_nd && i < r->noverrides; i++) {
+		const struct node *keys_nd = mapping_get(overrides_nd->items[i], "keys");
+
+		for (size_t j = 0; keys_nd && j < r->overrides[i].nkeys; j++) {
+			const char *key = r->overrides[i].keys[j];
+			char canon[64];
+			struct cidr range;
+
+			if (global && strcmp(key, "*") != 0)
+				warnf(ld, keys_nd->items[j], "overrides: \"%s\" never "
+				    "applies: route \"%s\" is keyed by global, one "
+				    "client for every request", echo(ld, key), r->name);
+			else if (by_ip && strchr(key, '/') &&
+			    config_parse_cidr(key, &range) == 0)
+				warnf(ld, keys_nd->items[j], "overrides: \"%s\" is a "
+				    "range, and a key is one client: list its addresses",
+				    echo(ld, key));
+			else if (ip_alone && strcmp(key, "unix") != 0 &&
+			    policy_canonical_ip(key, strlen(key), canon, sizeof(canon)) != 0)
+				warnf(ld, keys_nd->items[j], "overrides: \"%s\" never "
+				    "applies: route \"%s\" is keyed by ip, and it is not "
+				    "an IP address", echo(ld, key), r->name);
+		}
+	}
 }
 
 static int
@@ -2569,8 +2644,10 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 			d.r.keys[0].type = KEY_IP;
 			d.r.nkeys = 1;
 		}
-		if (ld->errors->n == nerr)
+		if (ld->errors->n == nerr) {
 			check_override_keys_unique(ld, &d.r, d.node);
+			warn_override_keys_unmatched(ld, &d.r, d.node);
+		}
 		for (size_t j = 0; d.r.name && j < nnames; j++)
 			if (strcmp(names[j], d.r.name) == 0)
 				node_error(ld, d.name_nd, "route: duplicate route name "
@@ -2610,6 +2687,32 @@ on_failure_mode(struct loader *ld, const struct node *nd, const char *key, void 
 	return get_failure_mode(ld, nd, key, &((struct config *)t)->failure_mode);
 }
 
+/* 10.1.2.3/8 is the range 10.0.0.0/8 (the address bits past the prefix
+ * are never compared), but likelier a typo of the prefix: said, as nginx
+ * does, and the range stored as the network it is. */
+static void
+cidr_drop_host_bits(struct loader *ld, const struct node *nd, const char *key,
+    struct cidr *c)
+{
+	size_t len = c->family == AF_INET ? 4 : 16;
+	int changed = 0;
+	char net[INET6_ADDRSTRLEN];
+
+	for (size_t i = 0; i < len; i++) {
+		int keep = c->bits >= (int)(8 * (i + 1)) ? 8 :
+		    c->bits > (int)(8 * i) ? c->bits - (int)(8 * i) : 0;
+		unsigned char mask = (unsigned char)(keep ? 0xff << (8 - keep) : 0);
+
+		if (c->addr[i] & ~mask) {
+			c->addr[i] &= mask;
+			changed = 1;
+		}
+	}
+	if (changed && inet_ntop(c->family, c->addr, net, sizeof(net)) != NULL)
+		warnf(ld, nd, "%s: \"%s\" has address bits past its /%d: it is "
+		    "the range %s/%d", key, echo(ld, nd->value), c->bits, net, c->bits);
+}
+
 static int
 on_trusted_proxies(struct loader *ld, const struct node *nd, const char *key, void *t)
 {
@@ -2636,6 +2739,7 @@ on_trusted_proxies(struct loader *ld, const struct node *nd, const char *key, vo
 			bad = 1;
 			continue;
 		}
+		cidr_drop_host_bits(ld, it, key, &c->trusted_proxies[c->ntrusted_proxies]);
 		c->ntrusted_proxies++;
 	}
 	return bad ? -1 : 0;

@@ -952,3 +952,64 @@ def test_private_use_character_of_the_file_stays(start_daemon):
     v = requests.get(d.url("/v1/policy"), timeout=5).json()
     assert v["routes"][0]["overrides"][0]["keys"] == ["a\ue000", "b\ue000"], v
     assert v["trusted_proxies"] == ["::1/128"], v
+
+
+def test_what_can_never_apply_is_a_warning(tmp_path):
+    """Found by an audit: each loaded without a word. A range as an
+    override key (client 10.1.2.3 stayed limited), a value no client of an
+    ip route has, any key of a global route, a key source after one that
+    is always present or listed twice, and a trusted range with address
+    bits past its prefix (nginx warns too; it is stored as the network)."""
+    path = write(tmp_path, [
+        "trusted_proxies: [127.0.0.1/32, 10.1.2.3/8]",                       # 1
+        "routes:",                                                          # 2
+        "  - name: a",                                                      # 3
+        "    match: {prefix: /a}",                                          # 4
+        "    key: [ip, header:X]",                                          # 5
+        '    overrides: [{keys: ["10.0.0.0/8", 1.2.3.4], unlimited: true}]',  # 6
+        "    limits: [{algorithm: fixed_window, limit: 1, window: 1s}]",    # 7
+        "  - name: b",                                                      # 8
+        "    match: {prefix: /b}",                                          # 9
+        '    key: [header:X-A, "header:x-a", global, query:q]',             # 10
+        "    limits: [{algorithm: fixed_window, limit: 1, window: 1s}]",    # 11
+        "  - name: c",                                                      # 12
+        "    match: {prefix: /c}",                                          # 13
+        "    key: global",                                                  # 14
+        '    overrides: [{keys: [a, "*"], unlimited: true}]',               # 15
+        "    limits: [{algorithm: fixed_window, limit: 1, window: 1s}]",    # 16
+        "  - name: d",                                                      # 17
+        "    match: {prefix: /d}",                                          # 18
+        "    key: ip",                                                      # 19
+        '    overrides: [{keys: [partner-1, unix, "::1"], unlimited: true}]',  # 20
+        "    limits: [{algorithm: fixed_window, limit: 1, window: 1s}]",    # 21
+    ])
+    p = validate(path)
+    assert p.returncode == 0 and p.stdout.decode() == path + ": ok\n", p.stderr
+    assert p.stderr.decode().splitlines() == ["%s:%s: warning: %s" % ((path,) + tuple(
+        w.split(": ", 1))) for w in (
+        '1:33: trusted_proxies: "10.1.2.3/8" has address bits past its /8: it is the '
+        'range 10.0.0.0/8',
+        '5:15: key: "header:X" is never used: "ip" (at 5:11) comes first and is always '
+        'present',
+        '6:25: overrides: "10.0.0.0/8" is a range, and a key is one client: list its '
+        'addresses',
+        '10:23: key: "header:x-a" is never used: it is listed at 10:11',
+        '10:45: key: "query:q" is never used: "global" (at 10:37) comes first and is '
+        'always present',
+        '15:25: overrides: "a" never applies: route "c" is keyed by global, one client '
+        'for every request',
+        '20:25: overrides: "partner-1" never applies: route "d" is keyed by ip, and it is '
+        'not an IP address')], p.stderr.decode()
+
+
+@pytest.mark.parametrize("lineno,text,token", [
+    (12, "    key: ['cookie:a=b', ip]", "'cookie:a=b'"),
+    (12, "    key: ['cookie:a;b', ip]", "'cookie:a;b'"),
+    (8, "trusted_proxies: ['1.2.3.4/ 8']", "'1.2.3.4/ 8'"),
+    (8, "trusted_proxies: ['1.2.3.4/+8']", "'1.2.3.4/+8'"),
+])
+def test_names_and_prefixes_are_read_whole(tmp_path, lineno, text, token):
+    """A cookie name is a token (RFC 6265): "cookie:a=b" is never found. A
+    prefix length strtol read past a space or a sign loaded."""
+    errs = run_bad(write(tmp_path, variant({lineno: text})))
+    assert len(errs) == 1 and errs[0][:2] == (lineno, col_of(text, token)), errs
