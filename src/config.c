@@ -1239,6 +1239,13 @@ on_workers(struct loader *ld, const struct node *nd, const char *key, void *t)
 		c->workers = 0;	/* resolved to the core count at startup */
 		return 0;
 	}
+	if (nd->type == NODE_SCALAR && nd->value[0] != '\0' &&
+	    !isdigit((unsigned char)nd->value[0]) && nd->value[0] != '-' &&
+	    nd->value[0] != '+') {
+		node_error(ld, nd, "%s: expected a number of threads (1 to %d) or "
+		    "auto, got \"%s\"", key, CONFIG_WORKERS_MAX, echo(ld, nd->value));
+		return -1;
+	}
 	if (get_int(ld, nd, key, 1, CONFIG_WORKERS_MAX, &v) == -1)
 		return -1;
 	c->workers = (int)v;
@@ -1474,6 +1481,7 @@ static const struct key_handler log_keys[] = {
 struct limit_draft {
 	struct limit	 l;
 	const struct node *node;
+	char		 where[32];	/* "limits[N]", what messages call it */
 	int		 has_algorithm;
 	const struct node *name_nd, *limit_nd, *window_nd, *precision_nd,
 			 *rate_nd, *burst_nd, *delay_nd;
@@ -1540,6 +1548,31 @@ static const struct key_handler limit_keys[] = {
 };
 
 /* Checks the parameters of a limit against its algorithm; 0 when valid. */
+
+/* Which of precision's three rules it breaks, in the user's words. */
+static void
+precision_error(struct loader *ld, const struct limit_draft *d,
+    const struct limit *l)
+{
+	const char *p = echo(ld, d->precision_nd->value);
+	const char *w = d->window_nd->value;
+
+	if (l->precision_us < US_PER_MS)
+		node_error(ld, d->precision_nd, "precision: %s is under the 1ms "
+		    "minimum", p);
+	else if (l->precision_us > l->window_us)
+		node_error(ld, d->precision_nd, "precision: %s is longer than the "
+		    "window, %s", p, w);
+	else if (l->window_us % l->precision_us != 0)
+		node_error(ld, d->precision_nd, "precision: %s does not divide the "
+		    "window, %s, evenly: the window must be a whole number of "
+		    "buckets", p, w);
+	else
+		node_error(ld, d->precision_nd, "precision: %s makes %lld buckets "
+		    "of the window, %s; at most %d (a longer precision)", p,
+		    l->window_us / l->precision_us, w, SLIDING_BUCKETS_MAX);
+}
+
 static int
 limit_finish(struct loader *ld, struct limit_draft *d)
 {
@@ -1556,7 +1589,8 @@ limit_finish(struct loader *ld, struct limit_draft *d)
 	}
 #define REQUIRE(field, label)						\
 	if (d->field##_nd == NULL) {					\
-		node_error(ld, d->node, "limit: %s requires \"%s\"", alg, label); \
+		node_error(ld, d->node, "%s: %s requires \"%s\"", d->where, alg, \
+		    label);						\
 		bad = 1;						\
 	}
 
@@ -1592,10 +1626,7 @@ limit_finish(struct loader *ld, struct limit_draft *d)
 			    l->window_us % l->precision_us != 0 ||
 			    l->window_us / l->precision_us > SLIDING_BUCKETS_MAX) {
 				if (d->precision_nd)
-					node_error(ld, d->precision_nd, "precision: "
-					    "must be at least 1ms, divide the window "
-					    "evenly, and give at most %d buckets",
-					    SLIDING_BUCKETS_MAX);
+					precision_error(ld, d, l);
 				/*
 				 * The user never wrote a precision, so say this
 				 * one is the default. Windows are whole ms, so
@@ -1710,7 +1741,9 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 		return -1;
 	}
 	if (nd->nitems > CONFIG_LIMITS_MAX) {
-		node_error(ld, nd, "limits: at most %d limits per route", CONFIG_LIMITS_MAX);
+		node_error(ld, nd->items[CONFIG_LIMITS_MAX], "limits: at most %d "
+		    "limits per route; this is limit %d of %zu", CONFIG_LIMITS_MAX,
+		    CONFIG_LIMITS_MAX + 1, nd->nitems);
 		return -1;
 	}
 	set->limits = xcalloc(nd->nitems, sizeof(*set->limits));
@@ -1722,14 +1755,16 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 
 		memset(&d, 0, sizeof(d));
 		d.node = nd->items[i];
-		walk_mapping(ld, d.node, "limit", limit_keys, &d, &seen);
+		snprintf(d.where, sizeof(d.where), "limits[%zu]", i);
+		walk_mapping(ld, d.node, d.where, limit_keys, &d, &seen);
 		if (d.node->type != NODE_MAPPING) {
 			bad = 1;
 			continue;
 		}
 		if (!d.has_algorithm) {
 			if (ld->errors->n == nerr)
-				node_error(ld, d.node, "limit: \"algorithm\" is required");
+				node_error(ld, d.node, "%s: \"algorithm\" is required",
+				    d.where);
 			free(d.l.name);
 			bad = 1;
 			continue;
@@ -1762,9 +1797,10 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 		for (size_t j = 0; j < i; j++)
 			if (strcmp(set->limits[i].name, set->limits[j].name) == 0) {
 				node_error(ld, where[i], "limits: two limits are named "
-				    "\"%s\"%s", set->limits[i].name,
+				    "\"%s\"%s (first at %d:%d)", set->limits[i].name,
 				    where[i]->type == NODE_MAPPING ? " (this one by "
-				    "default, after its algorithm)" : "");
+				    "default, after its algorithm)" : "", where[j]->line,
+				    where[j]->col);
 				bad = 1;
 				break;
 			}
@@ -2616,7 +2652,9 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 		return -1;
 	}
 	if (nd->nitems > CONFIG_ROUTES_MAX) {
-		node_error(ld, nd, "%s: at most %d routes", key, CONFIG_ROUTES_MAX);
+		node_error(ld, nd->items[CONFIG_ROUTES_MAX], "%s: at most %d routes; "
+		    "this is route %d of %zu", key, CONFIG_ROUTES_MAX,
+		    CONFIG_ROUTES_MAX + 1, nd->nitems);
 		return -1;
 	}
 	c->routes = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*c->routes));

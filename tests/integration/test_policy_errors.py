@@ -515,17 +515,19 @@ FW = "{ name: %s, algorithm: fixed_window, limit: 1, window: 1s }"
 def test_duplicate_limit_name_points_at_the_duplicate(tmp_path):
     lines = BASE[:13] + ["      - " + FW % n for n in ("a", "b", "b")]
     errs = run_bad(write(tmp_path, lines))
-    assert errs == [(16, col_of(lines[15], "b,"), 'limits: two limits are named "b"')], errs
+    assert errs == [(16, col_of(lines[15], "b,"), 'limits: two limits are named "b" '
+                     '(first at 15:%d)' % col_of(lines[14], "b,"))], errs
 
 
 def test_duplicate_default_limit_name_points_at_the_later_limit(tmp_path):
     # unnamed limits are named after their algorithm, then -2, -3...
     unnamed = "{ algorithm: fixed_window, limit: 2, window: 1m }"
     errs = bad_text(tmp_path, one_route([unnamed, unnamed, FW % "fixed_window-2"]))
-    assert errs == [(7, 17, 'limits: two limits are named "fixed_window-2"')], errs
+    assert errs == [(7, 17, 'limits: two limits are named "fixed_window-2" '
+                     '(first at 6:9)')], errs
     errs = bad_text(tmp_path, one_route([FW % "fixed_window-2", unnamed]))
     assert errs == [(6, 9, 'limits: two limits are named "fixed_window-2" '
-                     '(this one by default, after its algorithm)')], errs
+                     '(this one by default, after its algorithm) (first at 5:17)')], errs
 
 
 # Each line puts a control byte (YAML escape \x01) into a value that the
@@ -698,12 +700,39 @@ def test_default_precision_too_fine_says_it_is_the_default(tmp_path):
     assert validate(path).returncode == 0
 
 
-def test_explicit_precision_keeps_its_message(tmp_path):
-    text = one_route(["{ algorithm: sliding_window_counter, limit: 5, window: 1m, precision: 7s }"])
+@pytest.mark.parametrize("window,precision,says", [
+    ("1m", "7s", "precision: 7s does not divide the window, 1m, evenly: the window "
+                 "must be a whole number of buckets"),
+    ("1m", "2m", "precision: 2m is longer than the window, 1m"),
+    ("1m", "1ms", "precision: 1ms makes 60000 buckets of the window, 1m; at most 1000 "
+                  "(a longer precision)"),
+])
+def test_explicit_precision_says_which_rule(tmp_path, window, precision, says):
+    """One message served three mistakes, naming neither the window nor
+    the rule (found by an audit)."""
+    text = one_route(["{ algorithm: sliding_window_counter, limit: 5, window: %s, "
+                      "precision: %s }" % (window, precision)])
     errs = bad_text(tmp_path, text)
-    assert errs == [(5, col_of(text.splitlines()[4], "7s"),
-                     "precision: must be at least 1ms, divide the window evenly, "
-                     "and give at most 1000 buckets")], errs
+    assert errs == [(5, col_of(text.splitlines()[4], "precision: ") + 11, says)], errs
+
+
+def test_too_many_limits_or_routes_points_at_the_first_too_many(tmp_path):
+    errs = bad_text(tmp_path, one_route(["{ algorithm: fixed_window, limit: 1, window: %ds }"
+                                         % (i + 1) for i in range(18)]))
+    assert errs == [(21, 9, "limits: at most 16 limits per route; this is limit 17 of "
+                            "18")], errs
+    text = "routes:\n" + "".join(
+        "  - { name: r%d, match: { path: /%d }, limits: [{ algorithm: fixed_window, "
+        "limit: 1, window: 1s }] }\n" % (i, i) for i in range(1001))
+    errs = bad_text(tmp_path, text)
+    assert errs == [(1002, 5, "routes: at most 1000 routes; this is route 1001 of "
+                              "1001")], errs
+
+
+def test_workers_word_names_auto(tmp_path):
+    errs = run_bad(write(tmp_path, variant({3: "  workers: AUTO"})))
+    assert errs == [(3, 12, 'workers: expected a number of threads (1 to 64) or auto, '
+                            'got "AUTO"')], errs
 
 
 def test_errors_come_in_file_order(tmp_path):
@@ -732,8 +761,8 @@ def test_errors_come_in_file_order(tmp_path):
         at(8, "0 }") + ("limit",),
         at(10, "c,") + ("limits",),     # the duplicate, found after line 11's error
         at(11, "1z") + ("window",),
-        at(12, "{") + ("limit",),       # two errors at one position keep their order
-        at(12, "{") + ("limit",),
+        at(12, "{") + ("limits[4]",),       # two errors at one position keep their order
+        at(12, "{") + ("limits[4]",),
     ], errs
     assert 'requires "limit"' in errs[-2][2] and 'requires "window"' in errs[-1][2], errs
 
