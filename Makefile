@@ -9,14 +9,16 @@ WARN	 = -Wall -Wextra -Werror -Wformat=2 -Wshadow -Wpointer-arith \
 	   -Wcast-qual -Wwrite-strings -Wstrict-prototypes \
 	   -Wmissing-prototypes -Wmissing-declarations
 CFLAGS	?= -g -O2
-CFLAGS	+= -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) \
+# override: a CFLAGS given on the command line (make CFLAGS=-O0) replaces
+# the -g -O2 above, not the language, warnings and sanitizer flags.
+override CFLAGS	+= -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) \
 	   $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 LDLIBS	 = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -levent_extra -lpthread
 
 ifdef SANITIZE
 BUILD	 = build/asan
-CFLAGS	+= -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
-LDFLAGS	+= -fsanitize=$(SANITIZE)
+override CFLAGS	+= -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+override LDFLAGS += -fsanitize=$(SANITIZE)
 else
 BUILD	 = build
 endif

@@ -5,6 +5,7 @@
  * nothing. In JSON mode each line is an object {"ts","level","msg"}.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,21 +17,26 @@
 
 #define LOG_LINE_MAX 4096
 
-static enum log_level log_level_current = LOG_LEVEL_INFO;
-static enum log_format log_format_current = LOG_FORMAT_TEXT;
+/* Written by the main thread on reload, read by every worker: atomic
+ * (relaxed: each is one independent setting). */
+static _Atomic int log_level_current = LOG_LEVEL_INFO;
+static _Atomic int log_format_current = LOG_FORMAT_TEXT;
+
+#define LEVEL()	((enum log_level)atomic_load_explicit(&log_level_current, memory_order_relaxed))
+#define FORMAT()	((enum log_format)atomic_load_explicit(&log_format_current, memory_order_relaxed))
 
 
 void
 log_configure(enum log_level level, enum log_format format)
 {
-	log_level_current = level;
-	log_format_current = format;
+	atomic_store_explicit(&log_level_current, level, memory_order_relaxed);
+	atomic_store_explicit(&log_format_current, format, memory_order_relaxed);
 }
 
 int
 log_enabled(enum log_level level)
 {
-	return level <= log_level_current;
+	return level <= LEVEL();
 }
 
 char *
@@ -121,7 +127,7 @@ log_emit(const char *level, const char *msg, const char *err)
 
 	format_ts(ts, sizeof(ts));
 
-	if (log_format_current == LOG_FORMAT_JSON) {
+	if (FORMAT() == LOG_FORMAT_JSON) {
 		char emsg[LOG_LINE_MAX], eerr[256];
 
 		json_escape(emsg, sizeof(emsg), msg);
@@ -155,7 +161,7 @@ log_vlog(enum log_level level, const char *label, int with_errno,
 	char msg[LOG_LINE_MAX];
 	int saved = errno;
 
-	if (level > log_level_current)
+	if (level > LEVEL())
 		return;
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	log_emit(label, msg, with_errno ? strerror(saved) : NULL);
@@ -219,7 +225,7 @@ log_access(const char *route, const char *key, size_t keylen, int status,
 	char ekey[1024], line[LOG_LINE_MAX], ts[40];
 	int n;
 
-	if (log_format_current == LOG_FORMAT_TEXT) {
+	if (FORMAT() == LOG_FORMAT_TEXT) {
 		log_escape(ekey, sizeof(ekey), key, keylen);
 		snprintf(line, sizeof(line), "check route=%s key=\"%s\" status=%d "
 		    "result=%s cost=%lld us=%lld", route, ekey, status, result,
