@@ -572,6 +572,12 @@ parse_head(struct http_request *rq, char *buf, size_t head_len, const char **why
 			return 400;
 		}
 	}
+	/* RFC 9112 3.2: an HTTP/1.1 request must name its host (nginx
+	 * refuses one that does not too). A 1.0 request may leave it out. */
+	if (hosts == 0 && rq->rq_minor == 1) {
+		*why = "HTTP/1.1 request without a Host header";
+		return 400;
+	}
 	return 0;
 }
 

@@ -201,6 +201,16 @@ def test_http10_request(start_daemon):
     assert b"X-RateLimit-Remaining: 4" in out
 
 
+def test_http11_without_host_is_400(start_daemon):
+    """RFC 9112 3.2 (and nginx): a 1.1 request must name its host; a 1.0
+    one need not."""
+    d = start_daemon(POL)
+    out = raw_http(d.port, b"GET /check/x HTTP/1.1\r\nX-Api-Key: nohost\r\n\r\n", timeout=3)
+    assert status_of(out) == 400 and b"without a Host" in out, out
+    out = raw_http(d.port, b"GET /check/x HTTP/1.0\r\nX-Api-Key: nohost\r\n\r\n", timeout=3)
+    assert status_of(out) == 200, out
+
+
 def test_every_reply_is_dated(start_daemon):
     """RFC 9110 6.6.1: a server with a clock sends Date, on replies from
     the handler and on protocol errors alike."""
@@ -208,7 +218,7 @@ def test_every_reply_is_dated(start_daemon):
     for req in (b"GET /check/x HTTP/1.1\r\nHost: x\r\nX-Api-Key: dated\r\n\r\n",
                 b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
                 b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n",
-                b"BAD\r\n\r\n"):
+                b"GET /healthz HTTP/1.1\r\n\r\n", b"BAD\r\n\r\n"):
         before = time.time()
         out = raw_http(d.port, req, timeout=3)
         after = time.time()
