@@ -414,12 +414,15 @@ is_tchar(int ch)
 }
 
 /* The length of the head including its blank line, or 0 if incomplete.
- * Bare LF line ends are accepted. */
+ * Bare LF line ends are accepted, and so are empty lines before the
+ * request line (RFC 9112 2.2: a client may send a CRLF after a body). */
 static size_t
 find_head_end(const char *buf, size_t len)
 {
 	const char *p = buf, *end = buf + len;
 
+	while (p < end && (*p == '\n' || (*p == '\r' && p + 1 < end && p[1] == '\n')))
+		p += *p == '\n' ? 1 : 2;
 	while ((p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
 		if (p + 1 < end && p[1] == '\n')
 			return (size_t)(p + 2 - buf);

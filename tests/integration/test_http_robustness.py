@@ -201,6 +201,16 @@ def test_http10_request(start_daemon):
     assert b"X-RateLimit-Remaining: 4" in out
 
 
+def test_empty_lines_before_a_request_are_skipped(start_daemon):
+    """RFC 9112 2.2 (and nginx): empty lines before the request line are
+    ignored, as after a body some clients add; two made a 400."""
+    d = start_daemon(POL)
+    req = b"GET /check/x HTTP/1.1\r\nHost: x\r\nX-Api-Key: blank\r\n\r\n"
+    out = raw_http(d.port, b"\r\n\r\n\n" + req + b"\r\n\r\n" + req.replace(
+        b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"), timeout=3, expect=2)
+    assert out.count(b"HTTP/1.1 200 OK") == 2, out
+
+
 def test_http11_without_host_is_400(start_daemon):
     """RFC 9112 3.2 (and nginx): a 1.1 request must name its host; a 1.0
     one need not."""
