@@ -1127,6 +1127,20 @@ valid_name(const char *s)
 
 /* --- server ------------------------------------------------------------- */
 
+/* A DNS name (underscores too: container names have them) or an IPv4
+ * address: what a resolver takes. */
+static int
+hostname_ok(const char *s, size_t len)
+{
+	if (len == 0 || s[0] == '-')
+		return 0;
+	for (size_t i = 0; i < len; i++)
+		if (!isalnum((unsigned char)s[i]) && s[i] != '.' && s[i] != '-' &&
+		    s[i] != '_')
+			return 0;
+	return 1;
+}
+
 static int
 validate_listen(const char *s, const char **cause)
 {
@@ -1182,13 +1196,12 @@ validate_listen(const char *s, const char **cause)
 			return -1;
 		}
 		/* Else it fails only at the first connection, as "cannot
-		 * resolve". Underscores are allowed: container names. */
-		for (const char *p = s; p < colon; p++)
-			if ((!isalnum((unsigned char)*p) && *p != '.' && *p != '-' &&
-			    *p != '_') || s[0] == '-') {
-				*cause = "the host must be a name or an address";
-				return -1;
-			}
+		 * resolve". Underscores are allowed: container names; and "*",
+		 * which getaddrinfo reads as every address, as nginx does. */
+		if (!(colon == s + 1 && s[0] == '*') && !hostname_ok(s, (size_t)(colon - s))) {
+			*cause = "the host must be a name or an address";
+			return -1;
+		}
 	}
 	errno = 0;
 	port = strtol(colon + 1, &end, 10);
@@ -1212,8 +1225,9 @@ on_address(struct loader *ld, const struct node *nd, const char *key, char **out
 	if (strncmp(*out, "unix:", 5) != 0 && strchr(*out, '@') != NULL) {
 		node_error(ld, nd, "%s: %s with credentials is not an address (the "
 		    "value is not repeated here): use host:port, [ipv6]:port or "
-		    "unix:/path, with redis.username and redis.password_env", key,
-		    strstr(*out, "://") ? "a URL" : "a user@host");
+		    "unix:/path%s", key, strstr(*out, "://") ? "a URL" : "a user@host",
+		    strcmp(key, "address") == 0 ? ", with redis.username and "
+		    "redis.password_env" : "");
 		return -1;
 	}
 	if (validate_listen(*out, &cause) == -1) {
@@ -1547,8 +1561,6 @@ static const struct key_handler limit_keys[] = {
 	{ NULL, NULL },
 };
 
-/* Checks the parameters of a limit against its algorithm; 0 when valid. */
-
 /* Which of precision's three rules it breaks, in the user's words. */
 static void
 precision_error(struct loader *ld, const struct limit_draft *d,
@@ -1569,10 +1581,12 @@ precision_error(struct loader *ld, const struct limit_draft *d,
 		    "buckets", p, w);
 	else
 		node_error(ld, d->precision_nd, "precision: %s makes %lld buckets "
-		    "of the window, %s; at most %d (a longer precision)", p,
-		    l->window_us / l->precision_us, w, SLIDING_BUCKETS_MAX);
+		    "of the window, %s; at most %d, so at least %lldms",  p,
+		    l->window_us / l->precision_us, w, SLIDING_BUCKETS_MAX,
+		    (l->window_us / SLIDING_BUCKETS_MAX + US_PER_MS - 1) / US_PER_MS);
 }
 
+/* Checks the parameters of a limit against its algorithm; 0 when valid. */
 static int
 limit_finish(struct loader *ld, struct limit_draft *d)
 {
@@ -1741,9 +1755,9 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 		return -1;
 	}
 	if (nd->nitems > CONFIG_LIMITS_MAX) {
-		node_error(ld, nd->items[CONFIG_LIMITS_MAX], "limits: at most %d "
-		    "limits per route; this is limit %d of %zu", CONFIG_LIMITS_MAX,
-		    CONFIG_LIMITS_MAX + 1, nd->nitems);
+		node_error(ld, nd->items[CONFIG_LIMITS_MAX], "limits[%d]: one too "
+		    "many: at most %d limits per route, and this route has %zu",
+		    CONFIG_LIMITS_MAX, CONFIG_LIMITS_MAX, nd->nitems);
 		return -1;
 	}
 	set->limits = xcalloc(nd->nitems, sizeof(*set->limits));
@@ -1797,9 +1811,9 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 		for (size_t j = 0; j < i; j++)
 			if (strcmp(set->limits[i].name, set->limits[j].name) == 0) {
 				node_error(ld, where[i], "limits: two limits are named "
-				    "\"%s\"%s (first at %d:%d)", set->limits[i].name,
-				    where[i]->type == NODE_MAPPING ? " (this one by "
-				    "default, after its algorithm)" : "", where[j]->line,
+				    "\"%s\" (%sthe first at %d:%d)", set->limits[i].name,
+				    where[i]->type == NODE_MAPPING ? "this one by "
+				    "default, after its algorithm; " : "", where[j]->line,
 				    where[j]->col);
 				bad = 1;
 				break;
@@ -1933,7 +1947,6 @@ check_match_path(struct loader *ld, const struct node *nd, const char *key,
 	return dead ? -1 : 0;
 }
 
-
 /*
  * What glibc's regcomp takes but a user cannot mean: a back-reference
  * (\1; not POSIX ERE), whose matching takes time exponential in the
@@ -1962,9 +1975,10 @@ regex_refused(const char *re, char *why, size_t size)
 					q = end + 1;
 				} else if (*q == '\\' && q[1] != '\0' && strchr("dDwWsS", q[1])) {
 					snprintf(why, size, "inside [...] a backslash is "
-					    "itself, so [\\%c] is a backslash or the letter "
-					    "%c: write [0-9], [[:alnum:]_] or [[:space:]]",
-					    q[1], q[1]);
+					    "itself, so \\%c there is a backslash or the "
+					    "letter %c: write %s inside the brackets", q[1], q[1],
+					    q[1] == 'd' || q[1] == 'D' ? "[:digit:]" :
+					    q[1] == 'w' || q[1] == 'W' ? "[:alnum:]_" : "[:space:]");
 					return 1;
 				}
 			}
@@ -2108,10 +2122,11 @@ on_match_methods(struct loader *ld, const struct node *nd, const char *key, void
 	return bad ? -1 : 0;
 }
 
-/* What a Host header can say: a DNS name (underscores too: container
- * names have them), an IPv4 or [IPv6] address, maybe a port. */
+/* What a Host header can say: a name, an IPv4 or [IPv6] address, maybe
+ * a port, written as clients write it (no leading zero: ports compare as
+ * text). */
 static int
-host_is_valid(const char *host)
+match_host_ok(const char *host)
 {
 	struct host_parts h;
 	char v6[INET6_ADDRSTRLEN];
@@ -2119,33 +2134,27 @@ host_is_valid(const char *host)
 	long port = 0;
 
 	policy_host_split(host, &h);
-	if (h.namelen == 0)
-		return -1;
 	if (host[0] == '[' || memchr(h.name, ':', h.namelen) != NULL) {
-		if (h.namelen >= sizeof(v6))
-			return -1;
+		if (h.namelen == 0 || h.namelen >= sizeof(v6))
+			return 0;
 		memcpy(v6, h.name, h.namelen);
 		v6[h.namelen] = '\0';
 		if (inet_pton(AF_INET6, v6, addr) != 1)
-			return -1;
+			return 0;
 		if (host[0] == '[' && h.name[h.namelen + 1] != '\0' && h.port == NULL)
-			return -1;	/* junk after the ']' */
-	} else {
-		for (size_t i = 0; i < h.namelen; i++)
-			if (!isalnum((unsigned char)h.name[i]) && h.name[i] != '.' &&
-			    h.name[i] != '-' && h.name[i] != '_')
-				return -1;
-	}
-	if (h.port == NULL)
+			return 0;	/* junk after the ']' */
+	} else if (!hostname_ok(h.name, h.namelen))
 		return 0;
-	if (h.portlen == 0 || h.portlen > 5)
-		return -1;
+	if (h.port == NULL)
+		return 1;
+	if (h.portlen == 0 || h.portlen > 5 || h.port[0] == '0')
+		return 0;
 	for (size_t i = 0; i < h.portlen; i++) {
 		if (!isdigit((unsigned char)h.port[i]))
-			return -1;
+			return 0;
 		port = port * 10 + (h.port[i] - '0');
 	}
-	return port >= 1 && port <= 65535 ? 0 : -1;
+	return port <= 65535;
 }
 
 static int
@@ -2162,10 +2171,16 @@ on_match_host(struct loader *ld, const struct node *nd, const char *key, void *t
 	}
 	for (char *p = d->r.host; *p; p++)
 		*p = (char)tolower((unsigned char)*p);
-	if (host_is_valid(d->r.host) == -1) {
+	if (!match_host_ok(d->r.host)) {
+		int utf8 = 0;
+
+		for (const char *p = d->r.host; *p; p++)
+			utf8 |= (unsigned char)*p >= 0x80;
 		node_error(ld, nd, "%s: \"%s\" is not a host: give a name or "
 		    "address, optionally with :port (no wildcard, scheme or path: "
-		    "it is compared whole)", key, echo(ld, nd->value));
+		    "it is compared whole)%s", key, echo(ld, nd->value), utf8 ?
+		    "; write an international name in its xn-- form, as clients "
+		    "send it" : "");
 		return -1;
 	}
 	return 0;
@@ -2191,6 +2206,17 @@ on_route_match(struct loader *ld, const struct node *nd, const char *key, void *
 }
 
 static int
+cookie_name_ok(const char *s)
+{
+	if (*s == '\0')
+		return 0;
+	for (; *s; s++)
+		if ((unsigned char)*s <= 0x20 || *s == 0x7f || strchr("=;,\"", *s))
+			return 0;
+	return 1;
+}
+
+static int
 parse_key_source(struct loader *ld, const struct node *nd, struct key_source *ks)
 {
 	static const struct { const char *prefix; enum key_source_type type; } named[] = {
@@ -2212,10 +2238,17 @@ parse_key_source(struct loader *ld, const struct node *nd, struct key_source *ks
 		size_t pl = strlen(named[i].prefix);
 
 		if (strncmp(nd->value, named[i].prefix, pl) == 0) {
-			/* Header and cookie names are tokens (RFC 9110 5.1,
-			 * RFC 6265 4.1.1): "cookie:a=b" would never be found. */
-			if (named[i].type != KEY_QUERY ? !valid_token(nd->value + pl) :
-			    nd->value[pl] == '\0') {
+			/* A header name is a token (RFC 9110 5.1). A cookie
+			 * name should be one too, but PHP's "cart[1]" is not,
+			 * and browsers send it: refused are only what ends a
+			 * name in a Cookie header, so "cookie:a=b" would never
+			 * be found. */
+			const char *name = nd->value + pl;
+			int bad_name = named[i].type == KEY_HEADER ? !valid_token(name) :
+			    named[i].type == KEY_COOKIE ? !cookie_name_ok(name) :
+			    *name == '\0';
+
+			if (bad_name) {
 				node_error(ld, nd, "key: \"%s\" needs a valid name after "
 				    "\"%s\"", echo(ld, nd->value), named[i].prefix);
 				return -1;
@@ -2652,9 +2685,9 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 		return -1;
 	}
 	if (nd->nitems > CONFIG_ROUTES_MAX) {
-		node_error(ld, nd->items[CONFIG_ROUTES_MAX], "%s: at most %d routes; "
-		    "this is route %d of %zu", key, CONFIG_ROUTES_MAX,
-		    CONFIG_ROUTES_MAX + 1, nd->nitems);
+		node_error(ld, nd->items[CONFIG_ROUTES_MAX], "%s[%d]: one too many: "
+		    "at most %d routes, and this file has %zu", key, CONFIG_ROUTES_MAX,
+		    CONFIG_ROUTES_MAX, nd->nitems);
 		return -1;
 	}
 	c->routes = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*c->routes));
@@ -2747,8 +2780,8 @@ cidr_drop_host_bits(struct loader *ld, const struct node *nd, const char *key,
 		}
 	}
 	if (changed && inet_ntop(c->family, c->addr, net, sizeof(net)) != NULL)
-		warnf(ld, nd, "%s: \"%s\" has address bits past its /%d: it is "
-		    "the range %s/%d", key, echo(ld, nd->value), c->bits, net, c->bits);
+		warnf(ld, nd, "%s: \"%s\" has address bits past its prefix: it "
+		    "is the range %s/%d", key, echo(ld, nd->value), net, c->bits);
 }
 
 static int
@@ -2778,6 +2811,14 @@ on_trusted_proxies(struct loader *ld, const struct node *nd, const char *key, vo
 			continue;
 		}
 		cidr_drop_host_bits(ld, it, key, &c->trusted_proxies[c->ntrusted_proxies]);
+		/* Perhaps meant, behind a balancer that owns the network, but
+		 * said: ::ffff:0:0/96 is this too, read as IPv4. */
+		if (c->trusted_proxies[c->ntrusted_proxies].bits == 0)
+			warnf(ld, it, "%s: \"%s\" trusts every %s address: any "
+			    "client of that family can name its own address in "
+			    "X-Forwarded-For", key, echo(ld, it->value),
+			    c->trusted_proxies[c->ntrusted_proxies].family == AF_INET ?
+			    "IPv4" : "IPv6");
 		c->ntrusted_proxies++;
 	}
 	return bad ? -1 : 0;

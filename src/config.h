@@ -70,6 +70,15 @@ struct key_source {
 	char			*name;	/* header, query or cookie name */
 };
 
+/* A Host value's name (without a [v6] literal's brackets or a root dot)
+ * and port (NULL when none), pointing into the value. */
+struct host_parts {
+	const char	*name;
+	size_t		 namelen;
+	const char	*port;
+	size_t		 portlen;
+};
+
 struct route {
 	char			*name;
 	unsigned		 metric_id;	/* stable across reloads, by name */
@@ -79,6 +88,7 @@ struct route {
 	char			**methods;	/* upper case; none = any method */
 	size_t			 nmethods;
 	char			*host;		/* lower case; NULL = any host */
+	struct host_parts	 host_parts;	/* of host (policy_prepare) */
 	struct key_source	*keys;		/* first present wins */
 	size_t			 nkeys;
 	int			 missing_key_allow;

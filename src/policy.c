@@ -134,23 +134,20 @@ policy_host_split(const char *s, struct host_parts *out)
 /* The policy's host against the request's: names alike but for case,
  * brackets and a root dot; the port only when the policy names one. */
 static int
-host_matches(const char *want, const char *host)
+host_matches(const struct host_parts *w, const struct host_parts *h)
 {
-	struct host_parts w, h;
-
-	if (host == NULL)
+	if (w->namelen != h->namelen || strncasecmp(w->name, h->name, w->namelen) != 0)
 		return 0;
-	policy_host_split(want, &w);
-	policy_host_split(host, &h);
-	if (w.namelen != h.namelen || strncasecmp(w.name, h.name, w.namelen) != 0)
-		return 0;
-	return w.port == NULL || (w.portlen == h.portlen &&
-	    memcmp(w.port, h.port, w.portlen) == 0);
+	return w->port == NULL || (w->portlen == h->portlen &&
+	    memcmp(w->port, h->port, w->portlen) == 0);
 }
 
 const struct route *
 policy_match(const struct config *config, const struct check_input *in)
 {
+	struct host_parts host;
+	int host_split = 0;	/* the request's, once a route asks */
+
 	for (size_t i = 0; i < config->nroutes; i++) {
 		const struct route *r = &config->routes[i];
 
@@ -179,8 +176,16 @@ policy_match(const struct config *config, const struct check_input *in)
 			if (j == r->nmethods)
 				continue;
 		}
-		if (r->host && !host_matches(r->host, in->host))
-			continue;
+		if (r->host) {
+			if (in->host == NULL)
+				continue;
+			if (!host_split) {
+				policy_host_split(in->host, &host);
+				host_split = 1;
+			}
+			if (!host_matches(&r->host_parts, &host))
+				continue;
+		}
 		return r;
 	}
 	return NULL;
@@ -310,6 +315,8 @@ policy_prepare(struct config *config)
 			    r->keys[k].type == KEY_COOKIE;
 		}
 		r->mixes_ip = ip && value;
+		if (r->host)
+			policy_host_split(r->host, &r->host_parts);
 		/* An address as an override key is compared in canonical
 		 * form, as the client IP is written: "2001:DB8::1" is
 		 * 2001:db8::1's exemption. */

@@ -34,14 +34,7 @@ void policy_normalize_uri(const char *uri, char *buf, size_t size,
  * 3.2.2), maybe empty; any other URI as it is. */
 const char *policy_origin_form(const char *uri);
 
-/* A Host value's name (without a [v6] literal's brackets or a root dot)
- * and port (NULL when none), pointing into the value. */
-struct host_parts {
-	const char	*name;
-	size_t		 namelen;
-	const char	*port;
-	size_t		 portlen;
-};
+/* Splits a Host value into its parts (struct host_parts). */
 void policy_host_split(const char *host, struct host_parts *out);
 
 const struct route *policy_match(const struct config *config,

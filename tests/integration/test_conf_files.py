@@ -96,7 +96,7 @@ def test_route_cap_is_documented_and_enforced(tmp_path):
     bad.write_text(_routes(1001))
     assert _run(str(good)).returncode == 0
     r = _run(str(bad))
-    assert r.returncode == 1 and "routes: at most 1000 routes" in r.stderr
+    assert r.returncode == 1 and "routes[1000]: one too many: at most 1000 routes" in r.stderr
     with open(os.path.join(ROOT, "conf", "ratelimitd.yaml")) as f:
         assert "at most 1000 routes" in f.read().lower()
     with open(os.path.join(ROOT, "README.md")) as f:

@@ -516,7 +516,7 @@ def test_duplicate_limit_name_points_at_the_duplicate(tmp_path):
     lines = BASE[:13] + ["      - " + FW % n for n in ("a", "b", "b")]
     errs = run_bad(write(tmp_path, lines))
     assert errs == [(16, col_of(lines[15], "b,"), 'limits: two limits are named "b" '
-                     '(first at 15:%d)' % col_of(lines[14], "b,"))], errs
+                     '(the first at 15:%d)' % col_of(lines[14], "b,"))], errs
 
 
 def test_duplicate_default_limit_name_points_at_the_later_limit(tmp_path):
@@ -524,10 +524,10 @@ def test_duplicate_default_limit_name_points_at_the_later_limit(tmp_path):
     unnamed = "{ algorithm: fixed_window, limit: 2, window: 1m }"
     errs = bad_text(tmp_path, one_route([unnamed, unnamed, FW % "fixed_window-2"]))
     assert errs == [(7, 17, 'limits: two limits are named "fixed_window-2" '
-                     '(first at 6:9)')], errs
+                     '(the first at 6:9)')], errs
     errs = bad_text(tmp_path, one_route([FW % "fixed_window-2", unnamed]))
     assert errs == [(6, 9, 'limits: two limits are named "fixed_window-2" '
-                     '(this one by default, after its algorithm) (first at 5:17)')], errs
+                     '(this one by default, after its algorithm; the first at 5:17)')], errs
 
 
 # Each line puts a control byte (YAML escape \x01) into a value that the
@@ -704,8 +704,8 @@ def test_default_precision_too_fine_says_it_is_the_default(tmp_path):
     ("1m", "7s", "precision: 7s does not divide the window, 1m, evenly: the window "
                  "must be a whole number of buckets"),
     ("1m", "2m", "precision: 2m is longer than the window, 1m"),
-    ("1m", "1ms", "precision: 1ms makes 60000 buckets of the window, 1m; at most 1000 "
-                  "(a longer precision)"),
+    ("1m", "1ms", "precision: 1ms makes 60000 buckets of the window, 1m; at most 1000, "
+                  "so at least 60ms"),
 ])
 def test_explicit_precision_says_which_rule(tmp_path, window, precision, says):
     """One message served three mistakes, naming neither the window nor
@@ -719,14 +719,14 @@ def test_explicit_precision_says_which_rule(tmp_path, window, precision, says):
 def test_too_many_limits_or_routes_points_at_the_first_too_many(tmp_path):
     errs = bad_text(tmp_path, one_route(["{ algorithm: fixed_window, limit: 1, window: %ds }"
                                          % (i + 1) for i in range(18)]))
-    assert errs == [(21, 9, "limits: at most 16 limits per route; this is limit 17 of "
-                            "18")], errs
+    assert errs == [(21, 9, "limits[16]: one too many: at most 16 limits per route, and "
+                            "this route has 18")], errs
     text = "routes:\n" + "".join(
         "  - { name: r%d, match: { path: /%d }, limits: [{ algorithm: fixed_window, "
         "limit: 1, window: 1s }] }\n" % (i, i) for i in range(1001))
     errs = bad_text(tmp_path, text)
-    assert errs == [(1002, 5, "routes: at most 1000 routes; this is route 1001 of "
-                              "1001")], errs
+    assert errs == [(1002, 5, "routes[1000]: one too many: at most 1000 routes, and this "
+                              "file has 1001")], errs
 
 
 def test_workers_word_names_auto(tmp_path):
@@ -1016,7 +1016,7 @@ def test_what_can_never_apply_is_a_warning(tmp_path):
     assert p.returncode == 0 and p.stdout.decode() == path + ": ok\n", p.stderr
     assert p.stderr.decode().splitlines() == ["%s:%s: warning: %s" % ((path,) + tuple(
         w.split(": ", 1))) for w in (
-        '1:33: trusted_proxies: "10.1.2.3/8" has address bits past its /8: it is the '
+        '1:33: trusted_proxies: "10.1.2.3/8" has address bits past its prefix: it is the '
         'range 10.0.0.0/8',
         '5:15: key: "header:X" is never used: "ip" (at 5:11) comes first and is always '
         'present',
@@ -1042,3 +1042,39 @@ def test_names_and_prefixes_are_read_whole(tmp_path, lineno, text, token):
     prefix length strtol read past a space or a sign loaded."""
     errs = run_bad(write(tmp_path, variant({lineno: text})))
     assert len(errs) == 1 and errs[0][:2] == (lineno, col_of(text, token)), errs
+
+
+@pytest.mark.parametrize("lineno,text", [
+    # glibc reads "*" as every address, and the daemon listened there
+    (2, "  listen: '*:8080'"),
+    # PHP's cart[1] is no RFC 6265 token, but browsers send it
+    (12, "    key: ['cookie:cart[1]', ip]"),
+    (11, "    match: { prefix: /api/, host: 'api-1.example.com:8443' }"),
+])
+def test_forms_that_worked_still_load(tmp_path, lineno, text):
+    """From a review: these loaded and worked before stricter checks."""
+    p = validate(write(tmp_path, variant({lineno: text})))
+    assert p.returncode == 0 and p.stderr == b"", p.stderr.decode()
+
+
+@pytest.mark.parametrize("host,says", [
+    ("'-bad.example'", "not a host"), ("'example.com:080'", "not a host"),
+    ("'b\u00fccher.example'", "xn-- form"),
+])
+def test_hosts_no_request_names(tmp_path, host, says):
+    text = "    match: { prefix: /api/, host: %s }" % host
+    errs = run_bad(write(tmp_path, variant({11: text})))
+    assert len(errs) == 1 and errs[0][:2] == (11, col_of(text, host)) and says in errs[0][2], errs
+
+
+@pytest.mark.parametrize("cidr,family", [
+    ("0.0.0.0/0", "IPv4"), ("'::/0'", "IPv6"), ("'::ffff:0:0/96'", "IPv4")])
+def test_trusting_a_whole_family_is_a_warning(tmp_path, cidr, family):
+    """::ffff:0:0/96 matched nothing before mapped ranges were read as
+    IPv4; now it is 0.0.0.0/0, so say what it trusts (from a review)."""
+    path = write(tmp_path, variant({8: "trusted_proxies: [%s]" % cidr}))
+    p = validate(path)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.decode() == "%s:8:19: warning: trusted_proxies: \"%s\" trusts every " \
+        "%s address: any client of that family can name its own address in " \
+        "X-Forwarded-For\n" % (path, cidr.strip("'"), family), p.stderr.decode()
