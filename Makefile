@@ -37,7 +37,10 @@ UNITSRCS = $(wildcard tests/unit/*.c)
 PYTHON	 = /usr/bin/python3
 DEBS_BUILD = build-essential pkg-config libevent-dev libhiredis-dev libjansson-dev libyaml-dev
 DEBS_RUN   = redis-server redis-tools
-DEBS_TEST  = python3-pytest python3-redis python3-requests nginx-light clang wrk strace
+# libclang-rt-14-dev: the ASan/UBSan and fuzzer runtimes, which clang only
+# recommends (apt-get --no-install-recommends leaves them out).
+DEBS_TEST  = python3-pytest python3-redis python3-requests nginx-light clang \
+	     libclang-rt-14-dev wrk strace
 
 .PHONY: all clean test unit integration asan run bench deps deps-test fuzz
 

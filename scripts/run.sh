@@ -4,8 +4,19 @@
 # address. The Redis it started is stopped when the daemon exits.
 set -eu
 policy=${1:-conf/ratelimitd.yaml}
-# redis.address from the policy (host:port); unix sockets are left to the user.
-addr=$(awk '/^redis:/{r=1;next} /^[^ #]/{r=0} r && $1=="address:"{print $2; exit}' "$policy" | tr -d '"'"'")
+# redis.address from the policy (host:port), in block or flow style
+# (`redis: { address: host:port }`); unix sockets are left to the user.
+addr=$(awk '
+	/^redis:[ \t]*\{/ {
+		if (match($0, /address:[ \t]*[^ \t,}]+/)) {
+			v = substr($0, RSTART, RLENGTH); sub(/address:[ \t]*/, "", v)
+			print v; exit
+		}
+		next
+	}
+	/^redis:/ { r = 1; next }
+	/^[^ #]/ { r = 0 }
+	r && $1 == "address:" { print $2; exit }' "$policy" | tr -d '"'"'")
 addr=${addr:-127.0.0.1:6379}
 host=${addr%:*}; port=${addr##*:}
 redis_pid=""
@@ -40,5 +51,13 @@ echo "run: build/ratelimitd -c $policy (Ctrl-C stops it)"
 build/ratelimitd -c "$policy" &
 daemon=$!
 trap 'kill -TERM $daemon 2>/dev/null' INT TERM
-wait $daemon || true
-wait $daemon 2>/dev/null || true
+# The daemon's own status (1 when it cannot start, say its port is taken),
+# once it has exited: a wait cut short by Ctrl-C returns above 128 while
+# the daemon still drains.
+status=0
+wait "$daemon" || status=$?
+if [ "$status" -gt 128 ] && kill -0 "$daemon" 2>/dev/null; then
+	status=0
+	wait "$daemon" || status=$?
+fi
+exit "$status"
