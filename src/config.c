@@ -3101,25 +3101,33 @@ config_route_deny_status(const struct config *config, const struct route *route)
 
 /* --- JSON view ---------------------------------------------------------- */
 
+/* In the largest unit that states it whole, as a user writes it: 1m, not
+ * 60s, so /v1/policy reads like the file. */
 static json_t *
 duration_json(long long us)
 {
+	static const struct { long long us; const char *unit; } units[] = {
+		{ 86400 * US_PER_S, "d" }, { 3600 * US_PER_S, "h" },
+		{ 60 * US_PER_S, "m" }, { US_PER_S, "s" }, { US_PER_MS, "ms" },
+	};
 	char buf[32];
+	size_t n;
 
-	if (us % US_PER_S == 0)
-		snprintf(buf, sizeof(buf), "%llds", us / US_PER_S);
-	else if (us % US_PER_MS == 0)
-		snprintf(buf, sizeof(buf), "%lldms", us / US_PER_MS);
-	else {
-		/* a default precision, window/10, of a window that is not a
-		 * multiple of 10ms: 1001ms gives 100.1ms, as in force */
-		size_t n = (size_t)snprintf(buf, sizeof(buf), "%lld.%03lld",
-		    us / US_PER_MS, us % US_PER_MS);
-
-		while (buf[n - 1] == '0')
-			buf[--n] = '\0';
-		strcat(buf, "ms");
-	}
+	if (us == 0)
+		return json_string("0s");
+	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
+		if (us % units[i].us == 0) {
+			snprintf(buf, sizeof(buf), "%lld%s", us / units[i].us,
+			    units[i].unit);
+			return json_string(buf);
+		}
+	/* a default precision, window/10, of a window that is not a multiple
+	 * of 10ms: 1001ms gives 100.1ms, as in force */
+	n = (size_t)snprintf(buf, sizeof(buf), "%lld.%03lld", us / US_PER_MS,
+	    us % US_PER_MS);
+	while (buf[n - 1] == '0')
+		buf[--n] = '\0';
+	strcat(buf, "ms");
 	return json_string(buf);
 }
 
@@ -3138,8 +3146,12 @@ limits_json(const struct limit_set *set)
 			json_t *period = duration_json(l->rate_period_us);
 			char rate[64];
 
+			const char *per = json_string_value(period);
+
+			/* "10/s", as SPEC writes it, rather than "10/1s" */
 			snprintf(rate, sizeof(rate), "%lld/%s", l->rate_n,
-			    json_string_value(period));
+			    per[0] == '1' && !isdigit((unsigned char)per[1]) ?
+			    per + 1 : per);
 			json_decref(period);
 			json_object_set_new(o, "burst", json_integer(l->quota));
 			json_object_set_new(o, "rate", json_string(rate));

@@ -192,3 +192,23 @@ def test_shadow_route_never_fails_closed(ops_daemon, redis_server):
     assert r.status_code == 503
     r = check(d, "/check/sh/x", headers={"X-Key": "k"})
     assert r.status_code == 200, (r.status_code, r.text)
+
+
+def test_v1_policy_writes_values_as_the_file_does(ops_daemon):
+    """Durations in the largest whole unit and a rate per one unit as "N/s":
+    it said "60s", "3600s" and "10/1s", so the file and /v1/policy could
+    not be compared (found by a new user's walk through the README)."""
+    d = ops_daemon(policy(route(
+        "api", "/api/",
+        "{name: a, algorithm: fixed_window, limit: 1, window: 1h}, "
+        "{name: b, algorithm: fixed_window, limit: 1, window: 90s}, "
+        "{name: c, algorithm: fixed_window, limit: 1, window: 1500ms}, "
+        "{name: d, algorithm: fixed_window, limit: 1, window: 2d}, "
+        '{name: e, algorithm: token_bucket, rate: "10/s", burst: 1}, '
+        '{name: f, algorithm: token_bucket, rate: "5/10s", burst: 1}, '
+        '{name: g, algorithm: gcra, rate: "600/m", burst: 1}')))
+    p = get_policy(d)
+    lims = {l["name"]: l for r in p["routes"] if r["name"] == "api" for l in r["limits"]}
+    assert [lims[n]["window"] for n in "abcd"] == ["1h", "90s", "1500ms", "2d"], lims
+    assert [lims[n]["rate"] for n in "efg"] == ["10/s", "5/10s", "600/m"], lims
+    assert p["server"]["idle_timeout"] == "1m" and p["server"]["drain_timeout"] == "5s", p
