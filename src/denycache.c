@@ -3,9 +3,10 @@
  * encoded client key, checked against the policy generation and route, so a
  * reload or another route never reads a stale entry. An entry stays valid
  * until the latest retry time among the denying limits, all of which must be
- * of an algorithm whose denial cannot end early, and no longer than every
+ * of an algorithm whose denial cannot end early, no longer than every
  * limit's numbers in the reply stay what time alone makes them (see
- * unchanged_ms), counted from when the call
+ * unchanged_ms), and only while a limit admits nothing (blocked_ms), so
+ * that no other check can change them; counted from when the call
  * was sent (Redis decided later) and less the millisecond the script rounds
  * up: answered from the reply's arrival, a client at 1000/s lost a third of
  * its quota to denials past their time. And at most DENYCACHE_MAX_US, and
@@ -88,6 +89,33 @@ unchanged_ms(const struct limit *l, const struct limit_result *r, long long cost
 	}
 }
 
+/*
+ * For how long after the decision this limit admits nothing, whatever
+ * the cost: while one limit of the route does, no check of this client
+ * on it passes, here or on any sidecar, and the others' numbers stay too.
+ * Otherwise a smaller request could pass meanwhile, and a cached denial
+ * of a larger one would repeat a remaining and a retry time Redis no
+ * longer gives (found by an audit: Retry-After 3 s where Redis said 8).
+ * A fixed window with nothing left admits nothing until it ends; a bucket
+ * with less than one unit, until one arrives, which the reply tells only
+ * for a check of cost 1 (its retry time).
+ */
+static long long
+blocked_ms(const struct limit *l, const struct limit_result *r, long long cost)
+{
+	if (r->remaining > 0)
+		return 0;
+	switch (l->algorithm) {
+	case ALGORITHM_FIXED_WINDOW:
+		return r->reset_ms;
+	case ALGORITHM_TOKEN_BUCKET:
+	case ALGORITHM_GCRA:
+		return !r->allowed && cost == 1 ? r->retry_ms : 0;
+	default:
+		return 0;
+	}
+}
+
 /* The client's slot on this route: a client over limits of two routes
  * keeps both denials (the slot from the client alone made them evict each
  * other). */
@@ -118,14 +146,18 @@ denycache_put(struct denycache *dc, const struct config *config,
     long long now_us, unsigned long link)
 {
 	long long until_ms = 0, until_us, retry_ms, unchanged = LLONG_MAX;
+	long long blocked = 0;
 	struct deny_entry *e;
 	uint64_t h1, h2;
 
 	for (size_t i = 0; i < v->n; i++) {
 		long long u = unchanged_ms(&set->limits[i], &v->r[i], cost);
+		long long b = blocked_ms(&set->limits[i], &v->r[i], cost);
 
 		if (u < unchanged)
 			unchanged = u;
+		if (b > blocked)
+			blocked = b;
 		if (v->r[i].allowed)
 			continue;
 		if (!exact_when_denied(set->limits[i].algorithm))
@@ -138,6 +170,8 @@ denycache_put(struct denycache *dc, const struct config *config,
 	retry_ms = until_ms;
 	if (unchanged < until_ms)
 		until_ms = unchanged;
+	if (blocked < until_ms)
+		until_ms = blocked;
 	/* The times were rounded up: they surely hold until ms - 1. */
 	until_us = sent_us + (until_ms - 1) * 1000;
 	if (until_us > now_us + DENYCACHE_MAX_US)

@@ -164,3 +164,32 @@ def test_cached_reply_is_the_one_redis_would_give(start_daemon, redis_server):
     calls = script_calls(rc)
     assert check(d, "/check/tb/x", headers={"X-Api-Key": "hot"}).status_code == 429
     assert script_calls(rc) == calls, "a denial one token short was not cached"
+
+
+def test_a_larger_denial_is_not_repeated_after_a_smaller_check_passes(start_daemon):
+    """A denial of cost 3 with 2 units left was cached, a check of cost 2
+    then passed, and the cached denial went on saying 2 left and
+    Retry-After 3 where Redis said 0 and 8 (found by a fleet audit). Such
+    a denial is cached only while nothing at all can pass."""
+    d = start_daemon(policy(
+        "  - name: tb\n    match: {prefix: /tb/}\n    key: header:X-Api-Key\n"
+        '    limits: [{name: b, algorithm: token_bucket, rate: "2/5s", burst: 3}]\n'
+        "  - name: fw\n    match: {prefix: /fw/}\n    key: header:X-Api-Key\n"
+        "    limits: [{name: q, algorithm: fixed_window, limit: 5, window: 1h}]\n",
+        timeout="500ms"))
+
+    def ask(route, cost):
+        r = requests.post(d.url("/v1/check"), json={"route": route, "key": "big", "cost": cost},
+                          timeout=5)
+        return r.status_code, r.headers["X-RateLimit-Remaining"], r.headers.get("Retry-After")
+
+    assert ask("tb", 1)[0] == 200
+    assert ask("tb", 3)[:2] == (429, "2")
+    assert ask("tb", 2)[0] == 200
+    status, left, retry = ask("tb", 3)
+    assert (status, left) == (429, "0") and int(retry) >= 7, (status, left, retry)
+    for _ in range(4):
+        assert ask("fw", 1)[0] == 200
+    assert ask("fw", 3)[:2] == (429, "1")
+    assert ask("fw", 1)[0] == 200
+    assert ask("fw", 3)[:2] == (429, "0")

@@ -739,6 +739,33 @@ test_denycache(void)
 		CHECK(denycache_get(dc, c, dflt, "k6", 1, 1000001, 1, &out) == 1);
 	}
 
+	/* A denial of cost 3 while 1 is left: a check of cost 1 may pass
+	 * meanwhile and change the numbers, so it is not cached; with none
+	 * left, nothing passes until the window ends, and it is. */
+	{
+		const struct route *dflt = &c->routes[3];
+		struct verdict fw;
+
+		CHECK(limiter_parse(&dflt->limits, (long long[]){ 0, 5000, 0, 1, 60000,
+		    60000, 0 }, 7, &fw) == 0);
+		denycache_put(dc, c, dflt, &dflt->limits, "k7", 3, &fw, 1000000, 1000000, 1);
+		CHECK(denycache_get(dc, c, dflt, "k7", 3, 1000001, 1, &out) == 0);
+		CHECK(limiter_parse(&dflt->limits, (long long[]){ 0, 5000, 0, 0, 60000,
+		    60000, 0 }, 7, &fw) == 0);
+		denycache_put(dc, c, dflt, &dflt->limits, "k7", 3, &fw, 1000000, 1000000, 1);
+		CHECK(denycache_get(dc, c, dflt, "k7", 3, 1000001, 1, &out) == 1);
+		/* a bucket denied a cost of 2 one unit short: a check of cost
+		 * 1 passes at once (the audit's case); with under one unit
+		 * left, one passes when a unit arrives, which the reply of a
+		 * check of cost 2 does not tell */
+		for (long long left = 1; left >= 0; left--) {
+			CHECK(limiter_parse(&two, (long long[]){ 0, 5000, 0, left, 2000,
+			    1500, 0, 1, 977, 1800000, 0, 0 }, 12, &v) == 0);
+			denycache_put(dc, c, api, &two, "k8", 2, &v, 1000000, 1000000, 1);
+			CHECK(denycache_get(dc, c, api, "k8", 2, 1000001, 1, &out) == 0);
+		}
+	}
+
 	/* a sliding_window_log denial is never cached */
 	CHECK(limiter_parse(&c->routes[0].limits, (long long[]){ 0, 1, 0, 0, 100, 100, 0 },
 	    7, &v) == 0);
