@@ -287,6 +287,11 @@ conn_settle(struct conn *c)
 	}
 	if (c->c_closing || c->c_eof)
 		conn_free(c);
+	else if (c->c_server->s_full && c->c_answered && conn_quiet(c))
+		/* Idle now, at the cap: a connection that came meanwhile
+		 * waits in the backlog, unseen. Accepting again lets the next
+		 * one make room by closing the connection idle longest. */
+		server_room(c->c_server);
 }
 
 /* Writes queued output; on EAGAIN arms the write event. */
@@ -414,15 +419,12 @@ is_tchar(int ch)
 }
 
 /* The length of the head including its blank line, or 0 if incomplete.
- * Bare LF line ends are accepted, and so are empty lines before the
- * request line (RFC 9112 2.2: a client may send a CRLF after a body). */
+ * Bare LF line ends are accepted. */
 static size_t
 find_head_end(const char *buf, size_t len)
 {
 	const char *p = buf, *end = buf + len;
 
-	while (p < end && (*p == '\n' || (*p == '\r' && p + 1 < end && p[1] == '\n')))
-		p += *p == '\n' ? 1 : 2;
 	while ((p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
 		if (p + 1 < end && p[1] == '\n')
 			return (size_t)(p + 2 - buf);
@@ -716,6 +718,24 @@ conn_parse_head(struct conn *c)
 
 /* Hands complete requests to the handler, one at a time, until one is
  * pending, input runs out, or the connection is closing. */
+/* Drops empty lines before a request line (RFC 9112 2.2: some clients
+ * send a CRLF after a body), so they neither end a head at once nor keep
+ * an idle connection from counting as idle. Returns what is left. */
+static size_t
+conn_skip_empty_lines(struct conn *c)
+{
+	size_t n = 0;
+
+	while (n < c->c_in_len && (c->c_in[n] == '\n' || (c->c_in[n] == '\r' &&
+	    n + 1 < c->c_in_len && c->c_in[n + 1] == '\n')))
+		n += c->c_in[n] == '\n' ? 1 : 2;
+	if (n > 0) {
+		memmove(c->c_in, c->c_in + n, c->c_in_len - n);
+		c->c_in_len -= n;
+	}
+	return c->c_in_len;
+}
+
 static void
 conn_process(struct conn *c)
 {
@@ -733,6 +753,8 @@ conn_process(struct conn *c)
 			}
 			break;
 		}
+		if (!c->c_head_parsed && conn_skip_empty_lines(c) == 0)
+			break;
 		if (!c->c_head_parsed && conn_parse_head(c) != 0)
 			break;
 		if (c->c_in_len < c->c_head_len + c->c_body_need) {

@@ -211,6 +211,31 @@ def test_empty_lines_before_a_request_are_skipped(start_daemon):
     assert out.count(b"HTTP/1.1 200 OK") == 2, out
 
 
+@pytest.mark.parametrize("after_body", [b"", b"\r\n"])
+def test_an_idle_connection_at_the_cap_makes_room(start_daemon, after_body):
+    """At the cap, a connection that turned idle after its reply made no
+    room: the worker had stopped accepting, so a new connection waited in
+    the backlog for the idle one's timeout (30 s here). And the CRLF some
+    clients send after a body stayed in the buffer, so such a connection
+    never counted as idle (both found by a review)."""
+    d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 1\n"
+                                 "  idle_timeout: 30s\n"))
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=3)
+    try:
+        body = b'{"route":"r","key":"crlf"}'
+        s.sendall(b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                  % len(body) + body + after_body)
+        assert s.recv(65536).startswith(b"HTTP/1.1 ")
+        time.sleep(0.05)
+        t0 = time.monotonic()
+        with socket.create_connection(("127.0.0.1", d.port), timeout=3) as n:
+            n.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert n.recv(1000).startswith(b"HTTP/1.1 200 OK")
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        s.close()
+
+
 def test_http11_without_host_is_400(start_daemon):
     """RFC 9112 3.2 (and nginx): a 1.1 request must name its host; a 1.0
     one need not."""
