@@ -37,10 +37,11 @@ UNITSRCS = $(wildcard tests/unit/*.c)
 PYTHON	 = /usr/bin/python3
 DEBS_BUILD = build-essential pkg-config libevent-dev libhiredis-dev libjansson-dev libyaml-dev
 DEBS_RUN   = redis-server redis-tools
-# libclang-rt-14-dev: the ASan/UBSan and fuzzer runtimes, which clang only
-# recommends (apt-get --no-install-recommends leaves them out).
+# libclang-rt-dev: the ASan/UBSan and fuzzer runtimes of the default clang,
+# which its libclang-common only recommends (--no-install-recommends leaves
+# them out).
 DEBS_TEST  = python3-pytest python3-redis python3-requests nginx-light clang \
-	     libclang-rt-14-dev wrk strace
+	     libclang-rt-dev wrk strace
 
 .PHONY: all clean test unit integration asan run bench deps deps-test fuzz
 

@@ -4,14 +4,17 @@
 # address. The Redis it started is stopped when the daemon exits.
 set -eu
 policy=${1:-conf/ratelimitd.yaml}
+[ -r "$policy" ] || { echo "run: cannot read $policy" >&2; exit 1; }
 # redis.address from the policy (host:port), in block or flow style
 # (`redis: { address: host:port }`); unix sockets are left to the user.
 addr=$(awk '
-	/^redis:[ \t]*\{/ {
+	/^redis:[ \t]*\{/ { f = 1 }
+	f {
 		if (match($0, /address:[ \t]*[^ \t,}]+/)) {
 			v = substr($0, RSTART, RLENGTH); sub(/address:[ \t]*/, "", v)
 			print v; exit
 		}
+		if (index($0, "}")) f = 0
 		next
 	}
 	/^redis:/ { r = 1; next }
