@@ -287,7 +287,8 @@ conn_settle(struct conn *c)
 	}
 	if (c->c_closing || c->c_eof)
 		conn_free(c);
-	else if (c->c_server->s_full && c->c_answered && conn_quiet(c))
+	else if (c->c_server->s_full && c->c_answered && conn_quiet(c) &&
+	    c->c_server->s_nconns <= c->c_server->s_max_conns)
 		/* Idle now, at the cap: a connection that came meanwhile
 		 * waits in the backlog, unseen. Accepting again lets the next
 		 * one make room by closing the connection idle longest. */
@@ -782,6 +783,16 @@ conn_process(struct conn *c)
 	conn_settle(c);
 }
 
+/* Only CR and LF: no request has begun (see conn_skip_empty_lines). */
+static int
+only_empty_lines(const char *p, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != '\r' && p[i] != '\n')
+			return 0;
+	return 1;
+}
+
 static void
 on_read(evutil_socket_t fd, short what, void *arg)
 {
@@ -812,7 +823,8 @@ on_read(evutil_socket_t fd, short what, void *arg)
 		 * byte of it: a head trickled a byte at a time (slowloris) must
 		 * be complete within idle_timeout, like nginx's
 		 * client_header_timeout. */
-		if (!c->c_pending && c->c_in_len == 0)
+		if (!c->c_pending && c->c_in_len == 0 &&
+		    !only_empty_lines(c->c_in, (size_t)n))
 			c->c_active_us = mono_coarse_us();
 		c->c_in_len += (size_t)n;
 		c->c_read_us = mono_us();

@@ -236,6 +236,67 @@ def test_an_idle_connection_at_the_cap_makes_room(start_daemon, after_body):
         s.close()
 
 
+def test_an_idle_connection_reopening_accepting_keeps_the_cap(start_daemon):
+    """From a review of the fix above: a connection settling idle re-opened
+    accepting even when the worker already held one over its share, so a
+    client going busy, a silent connection arriving, the client going idle
+    again, took the worker one further each round (41 open at cap 1)."""
+    d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 1\n"
+                                 "  idle_timeout: 30s\n"))
+    before = settled_sockets(d)
+    body = b'{"route":"r","key":"cap"}'
+    head = b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+    a = socket.create_connection(("127.0.0.1", d.port), timeout=3)
+    silent, held = [], []
+    try:
+        a.sendall(head + body)
+        assert a.recv(65536).startswith(b"HTTP/1.1 ")
+        for _ in range(8):
+            a.sendall(head + body[:5])              # busy: half a request
+            time.sleep(0.05)
+            silent.append(socket.create_connection(("127.0.0.1", d.port), timeout=3))
+            time.sleep(0.05)
+            a.sendall(body[5:])                     # answered, then idle
+            out = a.recv(65536)
+            assert out.startswith(b"HTTP/1.1 "), out
+            time.sleep(0.05)
+            held.append(daemon_sockets(d) - before)
+            if b"Connection: close" in out:
+                break       # at the cap with one waiting: as the README says
+        assert max(held) <= 2, held                 # the share, and one making room
+    finally:
+        a.close()
+        for s in silent:
+            s.close()
+
+
+def test_empty_lines_do_not_keep_a_connection_open(start_daemon):
+    """Empty lines are dropped before a request, so they restarted the idle
+    clock: a client sending one a second outlived idle_timeout forever,
+    and enough of them shut a worker out (found by a review)."""
+    d = start_daemon(POL.replace("server:\n", "server:\n  idle_timeout: 1s\n"))
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+    try:
+        t0 = time.monotonic()
+        closed = False
+        while time.monotonic() - t0 < 4 and not closed:
+            try:
+                s.sendall(b"\r\n")
+            except OSError:
+                closed = True
+                break
+            s.settimeout(0.4)
+            try:
+                closed = s.recv(100) == b""
+            except socket.timeout:
+                pass
+            except OSError:
+                closed = True
+        assert closed and time.monotonic() - t0 < 2.5, time.monotonic() - t0
+    finally:
+        s.close()
+
+
 def test_http11_without_host_is_400(start_daemon):
     """RFC 9112 3.2 (and nginx): a 1.1 request must name its host; a 1.0
     one need not."""
