@@ -717,8 +717,6 @@ conn_parse_head(struct conn *c)
 	return 0;
 }
 
-/* Hands complete requests to the handler, one at a time, until one is
- * pending, input runs out, or the connection is closing. */
 /* Drops empty lines before a request line (RFC 9112 2.2: some clients
  * send a CRLF after a body), so they neither end a head at once nor keep
  * an idle connection from counting as idle. Returns what is left. */
@@ -737,6 +735,8 @@ conn_skip_empty_lines(struct conn *c)
 	return c->c_in_len;
 }
 
+/* Hands complete requests to the handler, one at a time, until one is
+ * pending, input runs out, or the connection is closing. */
 static void
 conn_process(struct conn *c)
 {
