@@ -2450,10 +2450,8 @@ check_override_keys_unique(struct loader *ld, const struct route *r,
 	const struct node *overrides_nd = mapping_get(route_nd, "overrides");
 	struct override_key_at *all;
 	size_t n = 0, k = 0;
-	int by_ip = 0;
+	int by_ip = policy_route_keys_by_ip(r);
 
-	for (size_t i = 0; i < r->nkeys; i++)
-		by_ip |= r->keys[i].type == KEY_IP;
 	for (size_t i = 0; i < r->noverrides; i++)
 		n += r->overrides[i].nkeys;
 	if (n < 2 || overrides_nd == NULL)
@@ -2499,11 +2497,10 @@ warn_override_keys_unmatched(struct loader *ld, const struct route *r,
     const struct node *route_nd)
 {
 	const struct node *overrides_nd = mapping_get(route_nd, "overrides");
-	int by_ip = 0, ip_alone = r->nkeys == 1 && r->keys[0].type == KEY_IP;
+	int by_ip = policy_route_keys_by_ip(r);
+	int ip_alone = r->nkeys == 1 && r->keys[0].type == KEY_IP;
 	int global = r->nkeys > 0 && r->keys[0].type == KEY_GLOBAL;
 
-	for (size_t i = 0; i < r->nkeys; i++)
-		by_ip |= r->keys[i].type == KEY_IP;
 	for (size_t i = 0; overrides_nd && i < r->noverrides; i++) {
 		const struct node *keys_nd = mapping_get(overrides_nd->items[i], "keys");
 
@@ -2765,21 +2762,17 @@ static void
 cidr_drop_host_bits(struct loader *ld, const struct node *nd, const char *key,
     struct cidr *c)
 {
-	size_t len = c->family == AF_INET ? 4 : 16;
-	int changed = 0;
+	/* The bytes cidr_contains compares: whole ones, then a masked one. */
+	size_t full = (size_t)c->bits / 8;
+	unsigned char given[sizeof(c->addr)];
 	char net[INET6_ADDRSTRLEN];
 
-	for (size_t i = 0; i < len; i++) {
-		int keep = c->bits >= (int)(8 * (i + 1)) ? 8 :
-		    c->bits > (int)(8 * i) ? c->bits - (int)(8 * i) : 0;
-		unsigned char mask = (unsigned char)(keep ? 0xff << (8 - keep) : 0);
-
-		if (c->addr[i] & ~mask) {
-			c->addr[i] &= mask;
-			changed = 1;
-		}
-	}
-	if (changed && inet_ntop(c->family, c->addr, net, sizeof(net)) != NULL)
+	memcpy(given, c->addr, sizeof(given));
+	if (c->bits % 8)
+		c->addr[full++] &= (unsigned char)(0xff << (8 - c->bits % 8));
+	memset(c->addr + full, 0, sizeof(c->addr) - full);
+	if (memcmp(given, c->addr, sizeof(given)) != 0 &&
+	    inet_ntop(c->family, c->addr, net, sizeof(net)) != NULL)
 		warnf(ld, nd, "%s: \"%s\" has address bits past its prefix: it "
 		    "is the range %s/%d", key, echo(ld, nd->value), net, c->bits);
 }
@@ -3106,19 +3099,15 @@ config_route_deny_status(const struct config *config, const struct route *route)
 static json_t *
 duration_json(long long us)
 {
-	static const struct { long long us; const char *unit; } units[] = {
-		{ 86400 * US_PER_S, "d" }, { 3600 * US_PER_S, "h" },
-		{ 60 * US_PER_S, "m" }, { US_PER_S, "s" }, { US_PER_MS, "ms" },
-	};
 	char buf[32];
 	size_t n;
 
 	if (us == 0)
 		return json_string("0s");
-	for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++)
-		if (us % units[i].us == 0) {
-			snprintf(buf, sizeof(buf), "%lld%s", us / units[i].us,
-			    units[i].unit);
+	for (size_t i = NUNITS; i-- > 0;)	/* the table runs ms to d */
+		if (us % duration_units[i].us == 0) {
+			snprintf(buf, sizeof(buf), "%lld%s", us / duration_units[i].us,
+			    duration_units[i].unit);
 			return json_string(buf);
 		}
 	/* a default precision, window/10, of a window that is not a multiple
@@ -3144,9 +3133,8 @@ limits_json(const struct limit_set *set)
 		json_object_set_new(o, "algorithm", json_string(algorithm_names[l->algorithm]));
 		if (config_algorithm_is_bucket(l->algorithm)) {
 			json_t *period = duration_json(l->rate_period_us);
-			char rate[64];
-
 			const char *per = json_string_value(period);
+			char rate[64];
 
 			/* "10/s", as SPEC writes it, rather than "10/1s" */
 			snprintf(rate, sizeof(rate), "%lld/%s", l->rate_n,

@@ -119,15 +119,18 @@ format_ts(char *ts, size_t size)
 	snprintf(ts + n, size - (size_t)n, ".%03ldZ", now.tv_nsec / 1000000);
 }
 
+/* In the format the caller read once: a reload between two reads could
+ * wrap a text line in JSON. */
 static void
-log_emit(const char *level, const char *msg, const char *err)
+log_emit(enum log_format format, const char *level, const char *msg,
+    const char *err)
 {
 	char line[LOG_LINE_MAX + 256], ts[40];
 	int n;
 
 	format_ts(ts, sizeof(ts));
 
-	if (FORMAT() == LOG_FORMAT_JSON) {
+	if (format == LOG_FORMAT_JSON) {
 		char emsg[LOG_LINE_MAX], eerr[256];
 
 		json_escape(emsg, sizeof(emsg), msg);
@@ -164,7 +167,7 @@ log_vlog(enum log_level level, const char *label, int with_errno,
 	if (level > LEVEL())
 		return;
 	vsnprintf(msg, sizeof(msg), fmt, ap);
-	log_emit(label, msg, with_errno ? strerror(saved) : NULL);
+	log_emit(FORMAT(), label, msg, with_errno ? strerror(saved) : NULL);
 	errno = saved;
 }
 
@@ -223,14 +226,15 @@ log_access(const char *route, const char *key, size_t keylen, int status,
     const char *result, long long cost, long long took_us)
 {
 	char ekey[1024], line[LOG_LINE_MAX], ts[40];
+	enum log_format format = FORMAT();
 	int n;
 
-	if (FORMAT() == LOG_FORMAT_TEXT) {
+	if (format == LOG_FORMAT_TEXT) {
 		log_escape(ekey, sizeof(ekey), key, keylen);
 		snprintf(line, sizeof(line), "check route=%s key=\"%s\" status=%d "
 		    "result=%s cost=%lld us=%lld", route, ekey, status, result,
 		    cost, took_us);
-		log_emit("access", line, NULL);
+		log_emit(format, "access", line, NULL);
 		return;
 	}
 	{

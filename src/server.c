@@ -154,6 +154,15 @@ conn_quiet(const struct conn *c)
 	    c->c_out_len == 0 && !c->c_lingering && !c->c_dead && !c->c_closing;
 }
 
+/* Kept alive with nothing under way: it may make room at the cap. Only
+ * one that was answered: a fresh connection's first request may be on
+ * its way. (A request may still wait unread in its socket.) */
+static int
+conn_idle(const struct conn *c)
+{
+	return c->c_answered && conn_quiet(c);
+}
+
 /* Its last reply is out and it is half-closed, waiting only for its
  * client's EOF (see conn_settle). */
 static int
@@ -287,7 +296,7 @@ conn_settle(struct conn *c)
 	}
 	if (c->c_closing || c->c_eof)
 		conn_free(c);
-	else if (c->c_server->s_full && c->c_answered && conn_quiet(c) &&
+	else if (c->c_server->s_full && conn_idle(c) &&
 	    c->c_server->s_nconns <= c->c_server->s_max_conns)
 		/* Idle now, at the cap: a connection that came meanwhile
 		 * waits in the backlog, unseen. Accepting again lets the next
@@ -940,10 +949,7 @@ close_an_idle_connection(struct server *srv, const struct conn *newest,
 	for (tries = 0; tries < SERVER_IDLE_TRIES && !found; tries++) {
 		oldest = NULL;
 		LIST_FOREACH(c, &srv->s_conns, c_entry) {
-			/* Only a kept-alive one: a fresh connection's first
-			 * request may be on its way. */
-			if (c == newest || c->c_skip || !c->c_answered ||
-			    !conn_quiet(c))
+			if (c == newest || c->c_skip || !conn_idle(c))
 				continue;
 			if (oldest == NULL || c->c_active_us < oldest->c_active_us)
 				oldest = c;
@@ -985,7 +991,7 @@ close_idle_connections(struct server *srv, size_t excess)
 
 	LIST_FOREACH(c, &srv->s_conns, c_entry)
 		if (conn_lingering_out(c) ||
-		    (c->c_answered && conn_quiet(c) && !conn_request_waiting(c)))
+		    (conn_idle(c) && !conn_request_waiting(c)))
 			idle[n++] = c;
 	qsort(idle, n, sizeof(*idle), conn_older);
 	for (size_t i = 0; i < n && i < excess; i++)

@@ -559,15 +559,19 @@ on_watchdog(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (st->st_state == STORE_UP && (st->st_inflight > 0 || !st->st_answered) &&
 	    mono_us() - st->st_progress_us > st->st_stall_us) {
-		if (!st->st_stalled && st->st_inflight > 0)
-			log_warnx("%s: no reply for %lld ms with %zu check%s "
-			    "pending; dropping the link", st->st_who,
-			    (mono_us() - st->st_progress_us) / 1000,
-			    st->st_inflight, st->st_inflight == 1 ? "" : "s");
-		else if (!st->st_stalled)
-			log_warnx("%s: no reply to the first script call for %lld "
-			    "ms; dropping the link", st->st_who,
-			    (mono_us() - st->st_progress_us) / 1000);
+		long long silent_ms = (mono_us() - st->st_progress_us) / 1000;
+
+		if (!st->st_stalled) {		/* said once, when it began */
+			if (st->st_inflight > 0)
+				log_warnx("%s: no reply for %lld ms with %zu "
+				    "check%s pending; dropping the link", st->st_who,
+				    silent_ms, st->st_inflight,
+				    st->st_inflight == 1 ? "" : "s");
+			else
+				log_warnx("%s: no reply to the first script call "
+				    "for %lld ms; dropping the link", st->st_who,
+				    silent_ms);
+		}
 		st->st_stalled = 1;
 		st->st_logged_down = 1;
 		on_drop(-1, 0, st);
