@@ -2687,6 +2687,9 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 		    CONFIG_ROUTES_MAX, nd->nitems);
 		return -1;
 	}
+	if (nd->nitems == 0)
+		warnf(ld, nd, "%s: the list is empty: every check is answered 200, "
+		    "no request is limited", key);
 	c->routes = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*c->routes));
 	/* Names of every route read so far, valid or not, for duplicates. */
 	names = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*names));
@@ -2777,6 +2780,27 @@ cidr_drop_host_bits(struct loader *ld, const struct node *nd, const char *key,
 		    "is the range %s/%d", key, echo(ld, nd->value), net, c->bits);
 }
 
+/* The range just read (the next slot) inside one listed before it: a
+ * duplicate, or a narrower range a wider one already trusts, which reads
+ * as though it meant something the wider one does not. */
+static void
+warn_cidr_covered(struct loader *ld, const struct node *nd, const char *key,
+    const struct config *c)
+{
+	const struct cidr *added = &c->trusted_proxies[c->ntrusted_proxies];
+
+	for (size_t i = 0; i < c->ntrusted_proxies; i++) {
+		const struct cidr *earlier = &c->trusted_proxies[i];
+
+		if (earlier->bits <= added->bits &&
+		    config_cidr_contains(earlier, added->family, added->addr)) {
+			warnf(ld, nd, "%s: \"%s\" is already trusted: item %zu "
+			    "covers it", key, echo(ld, nd->value), i + 1);
+			return;
+		}
+	}
+}
+
 static int
 on_trusted_proxies(struct loader *ld, const struct node *nd, const char *key, void *t)
 {
@@ -2804,6 +2828,7 @@ on_trusted_proxies(struct loader *ld, const struct node *nd, const char *key, vo
 			continue;
 		}
 		cidr_drop_host_bits(ld, it, key, &c->trusted_proxies[c->ntrusted_proxies]);
+		warn_cidr_covered(ld, it, key, c);
 		/* Perhaps meant, behind a balancer that owns the network, but
 		 * said: ::ffff:0:0/96 is this too, read as IPv4. */
 		if (c->trusted_proxies[c->ntrusted_proxies].bits == 0)

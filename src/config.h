@@ -9,6 +9,7 @@
 #include <regex.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <string.h>
 
 #include <jansson.h>
 
@@ -106,6 +107,22 @@ struct cidr {
 	unsigned char	addr[16];
 	int		bits;
 };
+
+/* Is addr (of family) inside c? Inline: the client IP asks it per hop. */
+static inline int
+config_cidr_contains(const struct cidr *c, int family, const unsigned char *addr)
+{
+	int full = c->bits / 8, rest = c->bits % 8;
+
+	if (c->family != family || memcmp(c->addr, addr, (size_t)full) != 0)
+		return 0;
+	if (rest) {
+		unsigned char mask = (unsigned char)(0xff << (8 - rest));
+
+		return (c->addr[full] & mask) == (addr[full] & mask);
+	}
+	return 1;
+}
 
 struct config {
 	atomic_int	 refs;

@@ -490,29 +490,10 @@ policy_canonical_ip(const char *s, size_t len, char *out, size_t size)
 }
 
 static int
-cidr_contains(const struct cidr *c, int family, const unsigned char *addr)
-{
-	int full, rest;
-
-	if (c->family != family)
-		return 0;
-	full = c->bits / 8;
-	rest = c->bits % 8;
-	if (memcmp(c->addr, addr, (size_t)full) != 0)
-		return 0;
-	if (rest) {
-		unsigned char mask = (unsigned char)(0xff << (8 - rest));
-
-		return (c->addr[full] & mask) == (addr[full] & mask);
-	}
-	return 1;
-}
-
-static int
 trusted(const struct config *config, int family, const unsigned char *addr)
 {
 	for (size_t i = 0; i < config->ntrusted_proxies; i++)
-		if (cidr_contains(&config->trusted_proxies[i], family, addr))
+		if (config_cidr_contains(&config->trusted_proxies[i], family, addr))
 			return 1;
 	return 0;
 }

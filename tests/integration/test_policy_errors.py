@@ -1078,3 +1078,36 @@ def test_trusting_a_whole_family_is_a_warning(tmp_path, cidr, family):
     assert p.stderr.decode() == "%s:8:19: warning: trusted_proxies: \"%s\" trusts every " \
         "%s address: any client of that family can name its own address in " \
         "X-Forwarded-For\n" % (path, cidr.strip("'"), family), p.stderr.decode()
+
+
+def test_ranges_already_trusted_and_no_routes_are_warnings(tmp_path):
+    """Both loaded without a word: a trusted range inside one listed before
+    it (a duplicate, or the mapped form folded to IPv4) reads as though it
+    meant something, and an empty route list limits nothing."""
+    path = write(tmp_path, [
+        "trusted_proxies: [10.0.0.0/8, 127.0.0.1/32, 10.1.0.0/16, 127.0.0.1,",
+        "                  '::ffff:127.0.0.1', 10.0.0.0/8, 192.168.0.0/16, '::1']",
+        "routes: []",
+    ])
+    p = validate(path)
+    assert p.returncode == 0 and p.stdout.decode() == path + ": ok\n", p.stderr
+    assert p.stderr.decode().splitlines() == ["%s:%s: warning: %s" % (path, at, w) for at, w in (
+        ("1:45", 'trusted_proxies: "10.1.0.0/16" is already trusted: item 1 covers it'),
+        ("1:58", 'trusted_proxies: "127.0.0.1" is already trusted: item 2 covers it'),
+        ("2:19", 'trusted_proxies: "::ffff:127.0.0.1" is already trusted: item 2 covers it'),
+        ("2:39", 'trusted_proxies: "10.0.0.0/8" is already trusted: item 1 covers it'),
+        ("3:9", "routes: the list is empty: every check is answered 200, no request "
+         "is limited"))], p.stderr.decode()
+
+
+def test_a_wider_range_after_a_narrower_one_is_no_warning(tmp_path):
+    path = write(tmp_path, [
+        "trusted_proxies: [10.1.0.0/16, 10.0.0.0/8, '::1', '::/0']",
+        "routes:",
+        "  - name: a",
+        "    match: {prefix: /}",
+        "    key: ip",
+        "    limits: [{algorithm: fixed_window, limit: 1, window: 1s}]",
+    ])
+    p = validate(path)
+    assert p.returncode == 0 and "already trusted" not in p.stderr.decode(), p.stderr
