@@ -850,7 +850,7 @@ check_json(struct worker *w, struct http_request *req)
 			http_reply_json_error(req, 400, key ? "field \"key\" must not "
 			    "be empty" : "field \"key\" is required with \"route\"");
 			goto out;
-		} else if (route->nkeys == 1 && route->keys[0].type == KEY_IP &&
+		} else if (policy_route_keys_by_ip_alone(route) &&
 		    policy_canonical_ip(key, strlen(key), ip, sizeof(ip)) == 0) {
 			/* A route keyed by IP alone: an address is that
 			 * client, however spelled, with its bucket and its

@@ -2498,7 +2498,7 @@ warn_override_keys_unmatched(struct loader *ld, const struct route *r,
 {
 	const struct node *overrides_nd = mapping_get(route_nd, "overrides");
 	int by_ip = policy_route_keys_by_ip(r);
-	int ip_alone = r->nkeys == 1 && r->keys[0].type == KEY_IP;
+	int ip_alone = policy_route_keys_by_ip_alone(r);
 	int global = r->nkeys > 0 && r->keys[0].type == KEY_GLOBAL;
 
 	for (size_t i = 0; overrides_nd && i < r->noverrides; i++) {

@@ -294,6 +294,12 @@ policy_route_keys_by_ip(const struct route *route)
 }
 
 int
+policy_route_keys_by_ip_alone(const struct route *route)
+{
+	return route->nkeys == 1 && route->keys[0].type == KEY_IP;
+}
+
+int
 policy_route_mixes_ip(const struct route *route)
 {
 	return route->mixes_ip;

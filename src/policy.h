@@ -54,6 +54,8 @@ int policy_client_key(const struct route *route, const struct check_input *in,
 
 /* Does any of the route's key sources take the client IP? */
 int policy_route_keys_by_ip(const struct route *route);
+/* Is the client IP its only key source (so every key is an address)? */
+int policy_route_keys_by_ip_alone(const struct route *route);
 
 /* Does the route key by the client IP and by a value the client sends
  * (header, query, cookie)? Then a value that spells an address must not
