@@ -263,6 +263,19 @@ check_finish(struct check *ck, enum check_outcome outcome)
 			request_reply(req, 200, NULL, NULL, 0);
 		break;
 	case OUTCOME_MISSING_KEY:
+		/* A shadow route enforces nothing, this denial included: it
+		 * is counted as what enforcement would have done, and the
+		 * JSON reply names it beside the verdict. */
+		if (route->shadow) {
+			result = RESULT_SHADOW_DENIED;
+			if (ck->ck_json)
+				http_reply_json(req, 200, json_pack("{s:b,s:s,s:s}",
+				    "allowed", 1, "error", "missing_key", "route",
+				    route->name));
+			else
+				request_reply(req, 200, NULL, NULL, 0);
+			break;
+		}
 		result = RESULT_DENIED;
 		status = 403;
 		/* The same body as /check's, plus the verdict a JSON client

@@ -4,6 +4,8 @@ replace the route's; `unlimited: true` passes without headers), shadow routes
 headers, and a route's deny_status over server.deny_status."""
 import re
 
+import requests
+
 from ops_helpers import check, fw, get_policy, ops_daemon, policy, route, vcheck  # noqa: F401
 
 RL = ("X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After",
@@ -89,6 +91,27 @@ def test_shadow_json_limits_tell_the_truth(ops_daemon):
         assert (big["name"], big["remaining"]) == ("big", 8)
         assert b["limit"] == 2 and b["remaining"] == 0
         assert r.headers["X-RateLimit-Remaining"] == "0"
+
+
+def test_shadow_route_never_denies_a_missing_key(ops_daemon):
+    """A shadow route answered a request without its key 403, as an
+    enforced route does: putting a new route in shadow blocked every
+    client that had no key. It is 200 now, counted as shadow_denied (what
+    enforcement would have done); /v1/check names the reason beside its
+    verdict. The enforced route beside it still denies."""
+    d = ops_daemon(policy(route("sh", "/sh/", fw(2), extra="    shadow: true\n") +
+                          route("api", "/api/", fw(2))))
+    r = check(d, "/check/sh/x")
+    assert (r.status_code, r.text) == (200, ""), (r.status_code, r.text)
+    assert not [h for h in RL if h in r.headers], dict(r.headers)
+    r = vcheck(d, {"path": "/sh/x"})
+    assert r.status_code == 200 and r.json() == {
+        "allowed": True, "error": "missing_key", "route": "sh"}, r.text
+    assert check(d, "/check/api/x").status_code == 403
+    text = requests.get(d.url("/metrics"), timeout=5).text
+    assert 'ratelimitd_checks_total{route="sh",result="shadow_denied"} 2' in text, text
+    assert 'route="sh",result="denied"' not in text, text
+    assert 'ratelimitd_checks_total{route="api",result="denied"} 1' in text, text
 
 
 IETF = policy(route(
