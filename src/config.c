@@ -3182,13 +3182,17 @@ limits_json(const struct limit_set *set)
 	return arr;
 }
 
-static const char *
-key_source_text(const struct key_source *k, char *buf, size_t size)
+static json_t *
+key_source_json(const struct key_source *k)
 {
 	static const char *const prefixes[] = { "ip", "header:", "query:", "cookie:", "global" };
+	/* A name has no length limit: a fixed buffer cut long ones, and
+	 * json_string refused one cut inside a UTF-8 character, dropping it. */
+	char *text = xasprintf("%s%s", prefixes[k->type], k->name ? k->name : "");
+	json_t *j = json_string(text);
 
-	snprintf(buf, size, "%s%s", prefixes[k->type], k->name ? k->name : "");
-	return buf;
+	free(text);
+	return j;
 }
 
 json_t *
@@ -3262,8 +3266,7 @@ config_to_json(const struct config *c)
 			json_object_set_new(match, "host", json_string(r->host));
 		json_object_set_new(o, "match", match);
 		for (size_t j = 0; j < r->nkeys; j++)
-			json_array_append_new(keys, json_string(
-			    key_source_text(&r->keys[j], buf, sizeof(buf))));
+			json_array_append_new(keys, key_source_json(&r->keys[j]));
 		json_object_set_new(o, "key", keys);
 		json_object_set_new(o, "missing_key", json_string(
 		    r->missing_key_allow ? "allow" : "deny"));

@@ -217,6 +217,18 @@ def test_shadow_route_never_fails_closed(ops_daemon, redis_server):
     assert r.status_code == 200, (r.status_code, r.text)
 
 
+def test_v1_policy_shows_long_key_sources_whole(ops_daemon):
+    """A key source was written into a 300-byte buffer: a long header name
+    was shown cut, and a query name cut inside a UTF-8 character was
+    dropped, the route shown with "key": [] (found by an audit)."""
+    header, query = "header:" + "X" * 400, "query:" + "\u00e9" * 150
+    d = ops_daemon(policy(route("a", "/a/", fw(2), key='"%s"' % header) +
+                          route("b", "/b/", fw(2), key='"%s"' % query)))
+    routes = {r["name"]: r for r in get_policy(d)["routes"]}
+    assert routes["a"]["key"] == [header], routes["a"]["key"]
+    assert routes["b"]["key"] == [query], routes["b"]["key"]
+
+
 def test_v1_policy_writes_values_as_the_file_does(ops_daemon):
     """Durations in the largest whole unit and a rate per one unit as "N/s":
     it said "60s", "3600s" and "10/1s", so the file and /v1/policy could
