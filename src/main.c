@@ -118,12 +118,26 @@ log_warnings(const struct config *c)
 		    "LimitNOFILE) for more", c->max_connections, in_force);
 }
 
-/* Interns route names for metric labels (stable across reloads). */
+/* Interns route names for metric labels (stable across reloads), and
+ * shows each route's series for the results it can have, from 0. */
 static void
 assign_metric_ids(struct config *c)
 {
-	for (size_t i = 0; i < c->nroutes; i++)
-		c->routes[i].metric_id = metrics_route_id(c->routes[i].name);
+	unsigned *ids = xcalloc(c->nroutes ? c->nroutes : 1, sizeof(*ids));
+	unsigned *results = xcalloc(c->nroutes ? c->nroutes : 1, sizeof(*results));
+
+	for (size_t i = 0; i < c->nroutes; i++) {
+		const struct route *r = &c->routes[i];
+
+		c->routes[i].metric_id = ids[i] = metrics_route_id(r->name);
+		results[i] = 1u << RESULT_ALLOWED |
+		    1u << (r->shadow ? RESULT_SHADOW_DENIED : RESULT_DENIED) |
+		    1u << (config_route_failure_mode(c, r) == FAILURE_MODE_CLOSED ?
+		    RESULT_FAILED_CLOSED : RESULT_FAILED_OPEN);
+	}
+	metrics_show_routes(ids, results, c->nroutes);
+	free(ids);
+	free(results);
 }
 
 static int

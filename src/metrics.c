@@ -47,6 +47,8 @@ static struct metrics *metrics_all;
 static char *metrics_names[METRICS_ROUTES_MAX];
 static atomic_uint metrics_nnames;
 static counter_t metrics_reloads[2];
+/* Per route id, the results shown at 0 (see metrics_show_routes). */
+static unsigned metrics_shown[METRICS_ROUTES_MAX];
 
 static const char *const result_names[RESULT_COUNT] = {
 	"allowed", "denied", "shadow_denied", "failed_open", "failed_closed",
@@ -114,6 +116,18 @@ metrics_route_id(const char *name)
 out:
 	pthread_mutex_unlock(&metrics_lock);
 	return id;
+}
+
+void
+metrics_show_routes(const unsigned *ids, const unsigned *results, size_t n)
+{
+	(void)metrics_route_id("");	/* id 0, even with no route */
+	pthread_mutex_lock(&metrics_lock);
+	memset(metrics_shown, 0, sizeof(metrics_shown));
+	metrics_shown[0] = 1u << RESULT_NO_ROUTE;
+	for (size_t i = 0; i < n; i++)
+		metrics_shown[ids[i]] |= results[i];	/* "(other)" takes several */
+	pthread_mutex_unlock(&metrics_lock);
 }
 
 void
@@ -239,7 +253,7 @@ metrics_render(struct evbuffer *out)
 			total = 0;
 			for (m = metrics_all; m; m = m->next)
 				total += load(&m->checks[id][r]);
-			if (total == 0 && !(id == 0 && r == RESULT_NO_ROUTE))
+			if (total == 0 && !(metrics_shown[id] & (1u << r)))
 				continue;
 			evbuffer_add_printf(out, "ratelimitd_checks_total{route=\"%s\","
 			    "result=\"%s\"} %llu\n", metrics_names[id],

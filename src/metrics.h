@@ -29,6 +29,10 @@ struct metrics;
 struct metrics *metrics_new(void);
 /* The id of a route name for labels; 0 is the empty route (no match). */
 unsigned metrics_route_id(const char *name);
+/* The routes in force: route ids[i] shows the results in bit mask
+ * results[i] (1u << enum check_result) even while they are 0, so a
+ * Prometheus rate() sees their first increase. Replaces the last set. */
+void metrics_show_routes(const unsigned *ids, const unsigned *results, size_t n);
 void metrics_check(struct metrics *m, unsigned route_id, enum check_result r,
     uint64_t duration_ns);
 void metrics_redis_error(struct metrics *m, enum redis_error_kind kind);
