@@ -140,6 +140,22 @@ assign_metric_ids(struct config *c)
 	free(results);
 }
 
+/* Nobody accepts at the socket (connect is refused)? A full backlog or
+ * any other answer means a listener is there. */
+static int
+unix_socket_stale(const struct sockaddr_un *sun)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	int stale;
+
+	if (fd == -1)
+		fatal("socket");
+	stale = connect(fd, (const struct sockaddr *)sun, sizeof(*sun)) == -1 &&
+	    errno == ECONNREFUSED;
+	close(fd);
+	return stale;
+}
+
 static int
 listen_socket(const char *spec, char **unix_path)
 {
@@ -152,9 +168,15 @@ listen_socket(const char *spec, char **unix_path)
 		memset(&sun, 0, sizeof(sun));
 		sun.sun_family = AF_UNIX;
 		strncpy(sun.sun_path, spec + 5, sizeof(sun.sun_path) - 1);
-		/* A stale socket from a previous run; never remove anything else. */
-		if (lstat(sun.sun_path, &sb) == 0 && S_ISSOCK(sb.st_mode))
+		/* A stale socket from a previous run is removed; never
+		 * anything else, nor one a process still listens on: that
+		 * would silently take a running daemon's gateway away. */
+		if (lstat(sun.sun_path, &sb) == 0 && S_ISSOCK(sb.st_mode)) {
+			if (!unix_socket_stale(&sun))
+				fatalx("listen %s: another process is listening "
+				    "there", spec);
 			unlink(sun.sun_path);
+		}
 		if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
 		    0)) == -1)
 			fatal("socket");

@@ -52,6 +52,61 @@ def test_listen_unix_socket(tmp_path, redis_server):
     assert rc == 0, "exit %d after SIGTERM; log:\n%s" % (rc, text)
 
 
+def test_unix_socket_in_use_is_not_taken(tmp_path, redis_server):
+    """A second daemon on the same socket path unlinked the first's socket
+    and bound its own, silently taking the first's gateway away. A socket
+    some process listens on is now refused; a stale one (its daemon
+    killed) is still replaced, and a regular file is never removed."""
+    sock = os.path.join(str(tmp_path), "rl.sock")
+    path = os.path.join(str(tmp_path), "unix.yaml")
+    text = policy("  - name: u\n    match: {prefix: /}\n    key: global\n"
+                  "    limits: [{name: w, algorithm: fixed_window, limit: 9, window: 1h}]\n")
+    with open(path, "w") as f:
+        f.write(text.replace("127.0.0.1:{port}", "unix:" + sock).format(
+            redis_port=redis_server.port))
+
+    def start():
+        return subprocess.Popen([BIN, "-c", path], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+
+    def answers():
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(3)
+        try:
+            s.connect(sock)
+            s.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            return b" 200 " in read_until_close(s)
+        except OSError:
+            return False
+        finally:
+            s.close()
+    first = start()
+    try:
+        assert wait_until(answers, timeout=5)
+        second = start()
+        out, err = second.communicate(timeout=10)
+        assert second.returncode == 1, (second.returncode, err)
+        assert ("listen unix:%s: another process is listening there" % sock) in \
+            err.decode(), err
+        assert answers()
+    finally:
+        first.kill()
+        first.wait(10)
+    assert os.path.exists(sock) and not answers()    # stale: its daemon died
+    third = start()
+    try:
+        assert wait_until(answers, timeout=5)
+    finally:
+        third.terminate()
+        assert third.wait(10) == 0
+    with open(sock, "w") as f:
+        f.write("not a socket")
+    fourth = start()
+    assert fourth.wait(10) == 1
+    with open(sock) as f:
+        assert f.read() == "not a socket"
+
+
 def test_two_workers_count_exactly(start_daemon):
     d = start_daemon(policy(
         "  - name: c\n    match: {prefix: /}\n    key: header:K\n"
