@@ -3,7 +3,7 @@
  * time, so three libevent timers do that work: the reconnect timer (capped
  * exponential backoff, so a dead Redis costs one connect attempt per backoff
  * step, never one per request), the handshake deadline (TCP connect, AUTH,
- * SELECT, INFO cluster and SCRIPT LOAD must all finish within
+ * SELECT, INFO and SCRIPT LOAD must all finish within
  * redis.connect_timeout, or the attempt is dropped: a paused Redis accepts
  * TCP connections but never answers), and the stall watchdog (a link that has had calls outstanding
  * and no reply for STORE_STALL_MIN_US or 4x redis.timeout is dropped, which
@@ -15,7 +15,7 @@
  * calls of up to redis.max_batch checks each. Redis runs one call's checks
  * in order, each as if alone, so the result is the same as one call per
  * check, at a fraction of Redis's per-call cost. A Redis Cluster node
- * (INFO cluster, asked in the handshake) refuses keys of several slots in
+ * (INFO, asked in the handshake) refuses keys of several slots in
  * one call, so there every call carries one check.
  *
  * hiredis rules we live by: the context may be freed only outside hiredis
@@ -114,10 +114,11 @@ struct store {
 	long long		 st_progress_us; /* last reply or first send */
 	int			 st_logged_down; /* "still down" logged once */
 	int			 st_logged_handshake; /* see handshake_refused */
-	/* This attempt's handshake was refused: the replies already read
-	 * behind it (a Redis without a password refuses AUTH but runs SCRIPT
-	 * LOAD) must not bring the link up before the drop. */
-	int			 st_handshake_failed;
+	/* This link is being dropped (its handshake was refused, or its
+	 * server turned replica): the replies already read behind it (a
+	 * Redis without a password refuses AUTH but runs SCRIPT LOAD) must
+	 * not bring it up before the drop. */
+	int			 st_link_failed;
 	struct lookup		*st_lookup;	/* the host's name being looked up */
 
 	int			 st_max_batch;	/* redis.max_batch */
@@ -273,7 +274,7 @@ handshake_refused(struct store *st, const char *step, const char *error)
 		log_warnx("%s: %s failed: %s", st->st_who, step, error);
 	st->st_logged_handshake = 1;
 	st->st_logged_down = 1;
-	st->st_handshake_failed = 1;
+	st->st_link_failed = 1;
 	store_drop(st, NULL);
 }
 
@@ -301,7 +302,7 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 	if (st == NULL || st->st_ac != ac)
 		return;
 	st->st_script_loading = 0;
-	if (reply == NULL || st->st_handshake_failed)
+	if (reply == NULL || st->st_link_failed)
 		return;
 	if (reply->type != REDIS_REPLY_STRING || reply->len != 40) {
 		handshake_refused(st, "SCRIPT LOAD", reply->type == REDIS_REPLY_ERROR ?
@@ -333,26 +334,49 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 	}
 }
 
-/* Only a Cluster node needs one check per call; NOPERM (INFO not allowed
- * to this ACL user) leaves batching on, as on a plain Redis. Any other error
- * is the reason the attempt fails, and is said: NOAUTH (a password is
- * needed), or "max number of clients reached", which Redis sends before
- * closing (else the log showed SCRIPT LOAD's protocol error, or a reset). */
+/* INFO's default sections: what the server is.
+ *
+ * A replica cannot be our Redis: a read-only one refuses the script's
+ * writes (every check failed by its failure mode while /readyz said up),
+ * and a writable one loses them at its next sync with the primary. A
+ * Sentinel knows the primary's address but runs no scripts. Either
+ * refuses the attempt with the fix; the retries (at most a second apart)
+ * find the primary when a failover moves it behind the same address.
+ *
+ * Only a Cluster node needs one check per call. NOPERM (INFO not allowed
+ * to this ACL user) leaves batching on, as on a plain Redis. Any other
+ * error is the reason the attempt fails, and is said: NOAUTH (a password
+ * is needed), or "max number of clients reached", which Redis sends
+ * before closing (else the log showed SCRIPT LOAD's protocol error, or a
+ * reset). */
 static void
-on_info_cluster(redisAsyncContext *ac, void *r, void *privdata)
+on_info(redisAsyncContext *ac, void *r, void *privdata)
 {
 	struct store *st = ac->data;
 	redisReply *reply = r;
+	const char *info;
 
 	(void)privdata;
-	if (reply == NULL || st == NULL || st->st_ac != ac || st->st_handshake_failed)
+	if (reply == NULL || st == NULL || st->st_ac != ac || st->st_link_failed)
 		return;
 	if (reply->type == REDIS_REPLY_ERROR && strncmp(reply->str, "NOPERM", 6) != 0) {
 		handshake_refused(st, "INFO", reply->str);
 		return;
 	}
-	st->st_cluster = reply->type == REDIS_REPLY_STRING &&
-	    strstr(reply->str, "cluster_enabled:1") != NULL;
+	info = reply->type == REDIS_REPLY_STRING ? reply->str : "";
+	if (strstr(info, "\nredis_mode:sentinel") != NULL) {
+		handshake_refused(st, "INFO", "this is a Sentinel, not the Redis "
+		    "server: set redis.address to the primary it names "
+		    "(SENTINEL get-master-addr-by-name)");
+		return;
+	}
+	if (strstr(info, "\nrole:slave") != NULL) {
+		handshake_refused(st, "INFO", "this is a replica (role:slave), "
+		    "which cannot keep the limits' counts: set redis.address to "
+		    "the primary");
+		return;
+	}
+	st->st_cluster = strstr(info, "\ncluster_enabled:1") != NULL;
 	if (st->st_cluster && st->st_max_batch > 1)
 		log_info("%s: a Cluster node; one check per script call",
 		    st->st_who);
@@ -465,7 +489,7 @@ connect_to(struct store *st, const char *ip)
 	st->st_ac = ac;
 	st->st_tcp_up = 0;
 	st->st_script_loading = 0;
-	st->st_handshake_failed = 0;
+	st->st_link_failed = 0;
 	redisLibeventAttach(ac, st->st_base);
 	redisAsyncSetConnectCallback(ac, on_connect);
 	redisAsyncSetDisconnectCallback(ac, on_disconnect);
@@ -485,7 +509,7 @@ connect_to(struct store *st, const char *ip)
 		redisAsyncCommand(ac, on_handshake_reply, step_select,
 		    "SELECT %d", st->st_database);
 	st->st_cluster = 0;
-	redisAsyncCommand(ac, on_info_cluster, NULL, "INFO cluster");
+	redisAsyncCommand(ac, on_info, NULL, "INFO");
 	load_script(st);
 	/* After a lookup, its timer runs on: it covers both. */
 	if (!evtimer_pending(st->st_handshake_ev, NULL))
@@ -647,12 +671,21 @@ slice_ints(redisReply *const *slice, size_t n, long long *ints)
 	return 0;
 }
 
+static int
+is_readonly(const char *error)
+{
+	return strncmp(error, "READONLY", 8) == 0;
+}
+
 /* Hands each check its slice of the reply: 2 + 5 integers per limit, or,
  * for a check whose Redis commands failed (WRONGTYPE, OOM), -1 and the
- * error's text: that check alone fails. */
-static void
+ * error's text: that check alone fails. Returns whether one failed with
+ * READONLY. */
+static int
 batch_deliver(struct store_batch *b, const redisReply *reply)
 {
+	int readonly = 0;
+
 	long long ints[STORE_REPLY_INTS_MAX];
 	size_t want = 0, at = 0;
 
@@ -660,7 +693,7 @@ batch_deliver(struct store_batch *b, const redisReply *reply)
 		want += LIMITER_REPLY_INTS(b->sb_nlimits[i]);
 	if (reply->elements != want) {
 		batch_fail(b, STORE_ERROR, "script reply has the wrong length");
-		return;
+		return 0;
 	}
 	for (size_t i = 0; i < b->sb_n; i++) {
 		struct store_result res = { STORE_OK, ints,
@@ -669,9 +702,11 @@ batch_deliver(struct store_batch *b, const redisReply *reply)
 
 		at += res.nints;
 		if (slice[0]->type == REDIS_REPLY_INTEGER && slice[0]->integer == -1) {
-			call_fail(b->sb_calls[i], STORE_ERROR,
-			    slice[1]->type == REDIS_REPLY_STRING ? slice[1]->str :
-			    "script error");
+			const char *error = slice[1]->type == REDIS_REPLY_STRING ?
+			    slice[1]->str : "script error";
+
+			readonly |= is_readonly(error);
+			call_fail(b->sb_calls[i], STORE_ERROR, error);
 			continue;
 		}
 		if (slice_ints(slice, res.nints, ints) == -1)
@@ -680,6 +715,7 @@ batch_deliver(struct store_batch *b, const redisReply *reply)
 		else
 			b->sb_calls[i]->sc_cb(b->sb_calls[i]->sc_arg, &res);
 	}
+	return readonly;
 }
 
 static void
@@ -688,6 +724,7 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 	struct store_batch *b = privdata;
 	struct store *st = b->sb_store;
 	redisReply *reply = r;
+	int readonly = 0;
 
 	if (b->sb_sent) {
 		TAILQ_REMOVE(&st->st_sent, b, sb_sent_entry);
@@ -706,13 +743,21 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 			/* Queued ahead of the checks' retries. */
 			load_script(st);
 			batch_fail(b, STORE_NOSCRIPT, NULL);
-		} else
+		} else {
+			readonly = is_readonly(reply->str);
 			batch_fail(b, STORE_ERROR, reply->str);
+		}
 	} else if (reply->type == REDIS_REPLY_ARRAY)
-		batch_deliver(b, reply);
+		readonly = batch_deliver(b, reply);
 	else
 		batch_fail(b, STORE_ERROR, "unexpected script reply");
 	batch_put(st, b);
+	/* The primary was made a replica under us (a failover): the link
+	 * goes, and the handshake of the next one says what it is now. */
+	if (readonly && st->st_ac == ac && !st->st_link_failed) {
+		st->st_link_failed = 1;	/* one drop, one line */
+		store_drop(st, "READONLY: the server is a replica now");
+	}
 }
 
 static struct store_call *

@@ -1060,3 +1060,57 @@ def test_redis_slower_than_the_traffic_keeps_no_backlog(start_daemon, redis_serv
         assert healthy(d)
     finally:
         proxy.close()
+
+
+def ready(d):
+    return requests.get(d.url("/readyz"), timeout=2).status_code == 200
+
+
+def test_a_replica_is_refused_and_a_failover_followed(start_daemon, redis_server, tmp_path):
+    """Pointed at a replica, every check failed open (READONLY) while
+    /readyz said up, and a primary demoted under a live link (a failover)
+    failed every check until a restart. A replica is now refused in the
+    handshake, with the fix, and the link retried: it comes up when the
+    server is promoted, and goes when it is demoted again."""
+    replica = RedisServer(tmp_path).start()
+    try:
+        replica.client().replicaof("127.0.0.1", redis_server.port)
+        d = start_daemon(SIMPLE, redis_port=replica.port, wait_ready=False)
+        assert wait_until(lambda: "role:slave" in d.log(), timeout=5), d.log()
+        assert "INFO failed: this is a replica (role:slave), which cannot keep the " \
+            "limits' counts: set redis.address to the primary" in d.log(), d.log()
+        assert not ready(d)
+        assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "-1"
+        replica.client().replicaof("NO", "ONE")
+        assert wait_until(lambda: ready(d), timeout=5), d.log()
+        assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+        replica.client().replicaof("127.0.0.1", redis_server.port)
+        check(d, "/check/x")        # READONLY: the link is dropped
+        assert wait_until(lambda: "the server is a replica now; reconnecting" in d.log(),
+                          timeout=5), d.log()
+        assert wait_until(lambda: not ready(d), timeout=5)
+        assert d.log().count("READONLY: the server is a replica now") == 1, d.log()
+    finally:
+        replica.stop()
+
+
+def test_a_sentinel_is_refused_with_the_fix(start_daemon, tmp_path):
+    """A Sentinel answers the connection but runs no scripts: the log said
+    SCRIPT LOAD failed with an unknown command."""
+    port = RedisServer(tmp_path).port
+    conf = os.path.join(str(tmp_path), "sentinel.conf")
+    with open(conf, "w") as f:
+        f.write("port %d\nbind 127.0.0.1\ndir %s\n" % (port, tmp_path))
+    sentinel = subprocess.Popen(["redis-server", conf, "--sentinel"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: redis.Redis(port=port, socket_timeout=1).ping(), timeout=5)
+        d = start_daemon(SIMPLE, redis_port=port, wait_ready=False)
+        assert wait_until(lambda: "Sentinel" in d.log(), timeout=5), d.log()
+        assert "INFO failed: this is a Sentinel, not the Redis server: set " \
+            "redis.address to the primary it names (SENTINEL get-master-addr-by-name)" \
+            in d.log(), d.log()
+        assert not ready(d)
+    finally:
+        sentinel.kill()
+        sentinel.wait()
