@@ -73,6 +73,7 @@ struct env {
 	int			 gone_logged;
 	long long		 pending_stat_us; /* first seen as pending_stat */
 	int			 stopping;
+	struct event		*reload_ev;	/* SIGHUPs, one reload */
 	struct event		*worker_exit_ev;
 	struct event		*released_ev;	/* policies to free */
 };
@@ -404,6 +405,44 @@ notify_systemd(const char *state)
 	close(fd);
 }
 
+/* The signals the daemon handles, and their names for the log. */
+static const struct {
+	int		 signo;
+	const char	*name;
+} handled_signals[] = {
+	{ SIGHUP, "SIGHUP" }, { SIGTERM, "SIGTERM" }, { SIGINT, "SIGINT" },
+	{ SIGQUIT, "SIGQUIT" }, { SIGUSR1, "SIGUSR1" }, { SIGUSR2, "SIGUSR2" },
+};
+#define NHANDLED_SIGNALS (sizeof(handled_signals) / sizeof(handled_signals[0]))
+
+static const char *
+signal_name(int sig)
+{
+	for (size_t i = 0; i < NHANDLED_SIGNALS; i++)
+		if (handled_signals[i].signo == sig)
+			return handled_signals[i].name;
+	return "signal";
+}
+
+/* Activated by SIGHUP: however many arrived since the last reload, and
+ * however long each reload takes, one reload runs per loop iteration, and
+ * after a SIGTERM of the same iteration none does. (libevent runs a
+ * signal's callback once per delivery: 300 SIGHUPs were 300 reloads, and
+ * with a large policy a SIGTERM behind them waited past a supervisor's
+ * grace period.) */
+static void
+on_reload(evutil_socket_t fd, short what, void *arg)
+{
+	struct env *env = arg;
+
+	(void)fd;
+	(void)what;
+	if (env->stopping)
+		log_info("SIGHUP ignored: stopping");
+	else
+		reload(env, "SIGHUP");
+}
+
 static void
 on_signal(evutil_socket_t sig, short what, void *arg)
 {
@@ -411,24 +450,29 @@ on_signal(evutil_socket_t sig, short what, void *arg)
 
 	(void)what;
 	if (sig == SIGHUP) {
-		if (!env->stopping)
-			reload(env, "SIGHUP");
-		else
-			log_info("SIGHUP ignored: stopping");
+		event_active(env->reload_ev, EV_TIMEOUT, 0);
+		return;
+	}
+	/* nginx and Envoy reopen their log files on SIGUSR1; this log is
+	 * stderr, and the default action would end the process. */
+	if (sig == SIGUSR1 || sig == SIGUSR2) {
+		log_info("%s ignored: the log goes to stderr, there is no file "
+		    "to reopen", signal_name(sig));
 		return;
 	}
 	if (env->stopping) {
 		/* Ctrl-C twice, or an impatient supervisor: stop waiting. */
-		log_info("%s again: answering what is left now", sig == SIGTERM ?
-		    "SIGTERM" : "SIGINT");
+		log_info("%s again: answering what is left now", signal_name(sig));
 		for (int i = 0; i < env->nworkers; i++)
 			worker_stop_now(env->workers[i]);
 		return;
 	}
+	/* SIGQUIT too: nginx's graceful stop, where its default would
+	 * dump core without draining. */
 	env->stopping = 1;
 	notify_systemd("STOPPING=1");
-	log_info("%s: draining (at most %lld ms)", sig == SIGTERM ? "SIGTERM" :
-	    "SIGINT", env->config->drain_timeout_us / 1000);
+	log_info("%s: draining (at most %lld ms)", signal_name(sig),
+	    env->config->drain_timeout_us / 1000);
 	for (int i = 0; i < env->nworkers; i++)
 		worker_drain(env->workers[i]);
 	/* Workers close their duplicates as they drain; closing ours makes the
@@ -496,8 +540,7 @@ run(const char *path)
 {
 	struct env env;
 	struct config_errors errors;
-	struct event *sigs[4];
-	const int signos[4] = { SIGHUP, SIGTERM, SIGINT, 0 };
+	struct event *sigs[NHANDLED_SIGNALS];
 	struct sigaction sa;
 
 	memset(&env, 0, sizeof(env));
@@ -539,8 +582,10 @@ run(const char *path)
 	for (int i = 0; i < env.nworkers; i++)
 		if (worker_start(env.workers[i], env.worker_exit_ev) == -1)
 			fatalx("cannot start worker %d", i);
-	for (int i = 0; signos[i]; i++) {
-		sigs[i] = evsignal_new(env.base, signos[i], on_signal, &env);
+	env.reload_ev = event_new(env.base, -1, 0, on_reload, &env);
+	for (size_t i = 0; i < NHANDLED_SIGNALS; i++) {
+		sigs[i] = evsignal_new(env.base, handled_signals[i].signo,
+		    on_signal, &env);
 		event_add(sigs[i], NULL);
 	}
 	hold_sighup(SIG_UNBLOCK);	/* blocked in main() */
@@ -564,8 +609,9 @@ run(const char *path)
 		unlink(env.unix_path);
 		free(env.unix_path);
 	}
-	for (int i = 0; signos[i]; i++)
+	for (size_t i = 0; i < NHANDLED_SIGNALS; i++)
 		event_free(sigs[i]);
+	event_free(env.reload_ev);
 	if (env.inotify_ev)
 		event_free(env.inotify_ev);
 	if (env.inotify_fd != -1)

@@ -20,7 +20,7 @@ import requests
 
 from conftest import BIN, Daemon, free_port, wait_until
 from ops_helpers import (check, fw, get_policy, ops_daemon, render,  # noqa: F401
-                         route, route_limits, scrape, wait_policy_limit)
+                         route, route_limits, scrape, terminate, wait_policy_limit)
 from ops_helpers import policy as ops_policy
 
 
@@ -644,3 +644,43 @@ def test_longer_fixed_window_keeps_the_count(ops_daemon):
     expected = {"4"} if into_hour < 59 else {"9"} if into_hour >= 60 else {"4", "9"}
     r = check(d, "/check/api/x", headers={"X-Key": "k1"})
     assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] in expected, r.headers
+
+
+def test_a_burst_of_sighups_is_one_reload_and_sigterm_comes_first(ops_daemon):
+    """libevent runs a signal's callback once per delivery: 300 SIGHUPs were
+    300 reloads, and with a large policy a SIGTERM behind them waited past a
+    supervisor's grace period (11 s for 300, found by an audit). SIGHUPs
+    that arrive while a reload runs now make one more reload, and none
+    runs after a SIGTERM."""
+    d = ops_daemon(policy(route("api", "/api/", fw(3)) + slow_routes()))
+    before = d.log().count("reload (SIGHUP)")
+    for _ in range(100):
+        d.signal(signal.SIGHUP)
+    time.sleep(0.02)
+    for _ in range(100):
+        d.signal(signal.SIGHUP)
+    assert wait_until(lambda: d.log().count("reload (SIGHUP)") > before, timeout=5)
+    time.sleep(1.5)
+    reloads_done = d.log().count("reload (SIGHUP)") - before
+    assert reloads_done <= 5, (reloads_done, d.log()[-2000:])
+    for _ in range(100):
+        d.signal(signal.SIGHUP)
+    t0 = terminate(d)
+    assert d.proc.wait(10) == 0
+    assert time.monotonic() - t0 < 2.0, d.log()[-2000:]
+
+
+def test_sigquit_drains_and_sigusr1_is_ignored(ops_daemon):
+    """SIGQUIT (nginx's graceful stop) dumped core without draining, and
+    SIGUSR1 or SIGUSR2 (a log reopen to nginx and Envoy) ended the
+    process."""
+    d = ops_daemon(policy(route("api", "/api/", fw(3))))
+    d.signal(signal.SIGUSR1)
+    d.signal(signal.SIGUSR2)
+    assert wait_until(lambda: "SIGUSR2 ignored" in d.log(), timeout=5), d.log()
+    assert "SIGUSR1 ignored: the log goes to stderr, there is no file to reopen" \
+        in d.log(), d.log()
+    assert counted(d, "k") == 200
+    terminate(d, signal.SIGQUIT)
+    assert d.proc.wait(10) == 0, d.log()
+    assert "SIGQUIT: draining" in d.log(), d.log()
