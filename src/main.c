@@ -625,6 +625,21 @@ run(const char *path)
 	return 0;
 }
 
+/* Started with fd 0, 1 or 2 closed, the next descriptors opened took
+ * their numbers: libevent's signal pipe became fd 2, and every log line
+ * was read back as signals (an audit saw a logged path end the process as
+ * SIGTERM). /dev/null holds each closed one, as sshd does. */
+static void
+standard_streams_open(void)
+{
+	for (int fd = 0; fd <= 2; fd++) {
+		if (fcntl(fd, F_GETFD) != -1 || errno != EBADF)
+			continue;
+		if (open("/dev/null", O_RDWR) != fd)
+			_exit(1);	/* no stderr to say it on */
+	}
+}
+
 int
 main(int argc, char **argv)
 {
@@ -645,6 +660,7 @@ main(int argc, char **argv)
 	 * The workers, started meanwhile, keep it blocked, so it is always
 	 * the main thread's. */
 	hold_sighup(SIG_BLOCK);
+	standard_streams_open();
 
 	while ((ch = getopt_long(argc, argv, "c:thv", longopts, NULL)) != -1) {
 		switch (ch) {

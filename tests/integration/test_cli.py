@@ -53,3 +53,37 @@ def test_wrong_usage_says_what_is_wrong():
                        (("-t", "-c", ""), "-c needs a file name, not an empty one")):
         r = run(*args)
         assert r.returncode == 1 and r.stderr.startswith("ratelimitd: " + says), (args, r.stderr)
+
+
+def test_started_with_standard_streams_closed(tmp_path, redis_server):
+    """With fds 0-2 closed, libevent's signal pipe took fd 2 and every log
+    line was read back as signals: a byte 15 in a logged path (the reload
+    line says it) stopped the daemon as a SIGTERM would, and a newline
+    reads as SIGUSR1. Each closed one is held by /dev/null now."""
+    import signal
+    import time
+
+    import requests
+
+    from conftest import free_port, wait_until
+    port = free_port()
+    path = os.path.join(str(tmp_path), "p\x0fx\x01.yaml")
+    with open(path, "w") as f:
+        f.write("server: {listen: 127.0.0.1:%d}\nredis: {address: 127.0.0.1:%d}\n"
+                "routes: []\n" % (port, redis_server.port))
+    proc = subprocess.Popen(["/bin/sh", "-c", 'exec "$0" -c "$1" <&- >&- 2>&-', BIN, path],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        url = "http://127.0.0.1:%d/healthz" % port
+        assert wait_until(lambda: requests.get(url, timeout=1).ok, timeout=10)
+        for _ in range(3):
+            proc.send_signal(signal.SIGHUP)
+            time.sleep(0.3)
+        assert proc.poll() is None, proc.returncode
+        assert requests.get(url, timeout=2).ok
+        assert sorted(os.readlink("/proc/%d/fd/%d" % (proc.pid, fd)) for fd in (0, 1, 2)) \
+            == ["/dev/null"] * 3
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
