@@ -625,6 +625,21 @@ run(const char *path)
 	return 0;
 }
 
+/* libevent's own messages (out of descriptors, a failed epoll_ctl) went
+ * to stderr in its "[warn] ..." form, between JSON log lines. */
+static void
+on_libevent_log(int severity, const char *msg)
+{
+	if (severity == EVENT_LOG_ERR)
+		log_errorx("libevent: %s", msg);
+	else if (severity == EVENT_LOG_WARN)
+		log_warnx("libevent: %s", msg);
+	else if (severity == EVENT_LOG_MSG)
+		log_info("libevent: %s", msg);
+	else
+		log_debug("libevent: %s", msg);
+}
+
 /* Started with fd 0, 1 or 2 closed, the next descriptors opened took
  * their numbers: libevent's signal pipe became fd 2, and every log line
  * was read back as signals (an audit saw a logged path end the process as
@@ -661,6 +676,7 @@ main(int argc, char **argv)
 	 * the main thread's. */
 	hold_sighup(SIG_BLOCK);
 	standard_streams_open();
+	event_set_log_callback(on_libevent_log);
 
 	while ((ch = getopt_long(argc, argv, "c:thv", longopts, NULL)) != -1) {
 		switch (ch) {

@@ -229,3 +229,24 @@ def test_level_error_hides_warnings(ops_daemon):
     check(d, "/check/api/x", headers={"X-Key": "k"})
     time.sleep(0.1)
     assert d.log() == "", d.log()
+
+
+def test_libevent_messages_take_the_log_format(tmp_path, redis_server):
+    """Out of descriptors, libevent's own "[warn] ..." lines went to stderr
+    as they were, between JSON lines."""
+    import os
+    import resource
+    import subprocess
+
+    from conftest import BIN, free_port
+    path = os.path.join(str(tmp_path), "p.yaml")
+    with open(path, "w") as f:
+        f.write("log: {format: json}\nserver: {listen: 127.0.0.1:%d}\n"
+                "redis: {address: 127.0.0.1:%d}\nroutes: []\n"
+                % (free_port(), redis_server.port))
+    p = subprocess.run([BIN, "-c", path], capture_output=True, timeout=10,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (11, 11)))
+    lines = p.stderr.decode().splitlines()
+    assert p.returncode == 1 and any("libevent: " in l for l in lines), lines
+    for line in lines:
+        json.loads(line)
