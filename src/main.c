@@ -191,7 +191,7 @@ listen_socket(const char *spec, char **unix_path)
 			fatal("chmod %s", sun.sun_path);
 		*unix_path = xstrdup(sun.sun_path);
 	} else {
-		struct addrinfo hints, *res;
+		struct addrinfo hints, *res, *ai;
 		char host[256], port[8];
 		const char *colon = strrchr(spec, ':');
 		size_t hl = (size_t)(colon - spec);
@@ -213,12 +213,20 @@ listen_socket(const char *spec, char **unix_path)
 		hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
 		if ((rc = getaddrinfo(host, port, &hints, &res)) != 0)
 			fatalx("listen %s: %s", spec, gai_strerror(rc));
-		fd = socket(res->ai_family, res->ai_socktype | SOCK_NONBLOCK |
+		/* A name's IPv4 address first, as for redis.address: a stock
+		 * /etc/hosts gives ::1 first for localhost, and the daemon
+		 * listened there alone while every recipe and the Docker
+		 * health check ask 127.0.0.1. */
+		for (ai = res; ai != NULL && ai->ai_family != AF_INET; ai = ai->ai_next)
+			;
+		if (ai == NULL)
+			ai = res;
+		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK |
 		    SOCK_CLOEXEC, 0);
 		if (fd == -1)
 			fatal("socket");
 		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-		if (bind(fd, res->ai_addr, res->ai_addrlen) == -1)
+		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == -1)
 			fatal("bind %s", spec);
 		freeaddrinfo(res);
 	}

@@ -159,3 +159,47 @@ def test_listen_ipv6_loopback_peer_is_trusted(tmp_path, redis_server):
         rc = proc.wait(10)
         log.close()
     assert rc == 0
+
+
+def test_listen_on_a_name_takes_its_ipv4_address(tmp_path, redis_server):
+    """`listen: localhost:PORT` bound the first address the resolver gave,
+    ::1 under a stock /etc/hosts, while the recipes and the Docker health
+    check ask 127.0.0.1. Run with such a hosts file in a private mount
+    namespace (skipped where unshare is not allowed)."""
+    import shutil
+    import time
+    hosts = os.path.join(str(tmp_path), "hosts")
+    with open(hosts, "w") as f:
+        f.write("::1 localhost ip6-localhost\n127.0.0.1 localhost\n")
+    probe = subprocess.run(["unshare", "-m", "sh", "-c",
+                            'mount --bind "$0" /etc/hosts && getent ahosts localhost', hosts],
+                           capture_output=True, text=True) if shutil.which("unshare") else None
+    if probe is None or probe.returncode != 0 or not probe.stdout.startswith("::1"):
+        import pytest
+        pytest.skip("no private mount namespace here")
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    path = os.path.join(str(tmp_path), "p.yaml")
+    with open(path, "w") as f:
+        f.write("server: {listen: 'localhost:%d'}\nredis: {address: 127.0.0.1:%d}\n"
+                "routes: []\n" % (port, redis_server.port))
+    proc = subprocess.Popen(["unshare", "-m", "sh", "-c",
+                             'mount --bind "$0" /etc/hosts && exec "$1" -c "$2"',
+                             hosts, BIN, path],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def answers():
+            try:
+                s = socket.create_connection(("127.0.0.1", port), timeout=1)
+            except OSError:
+                return False
+            s.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            ok = b" 200 " in read_until_close(s)
+            s.close()
+            return ok
+        assert wait_until(answers, timeout=10)
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
