@@ -61,6 +61,7 @@ struct env {
 	int			 nworkers;
 	int			 listen_fd;
 	char			*unix_path;	/* removed at exit */
+	struct stat		 unix_stat;	/* ...if it is still this one */
 	int			 inotify_fd;
 	struct event		*inotify_ev;
 	struct event		*debounce_ev;
@@ -158,7 +159,7 @@ unix_socket_stale(const struct sockaddr_un *sun)
 }
 
 static int
-listen_socket(const char *spec, char **unix_path)
+listen_socket(const char *spec, char **unix_path, struct stat *unix_stat)
 {
 	int fd, one = 1;
 
@@ -189,6 +190,8 @@ listen_socket(const char *spec, char **unix_path)
 		 * the directory's mode says who may reach it. */
 		if (chmod(sun.sun_path, 0666) == -1)
 			fatal("chmod %s", sun.sun_path);
+		if (lstat(sun.sun_path, unix_stat) == -1)
+			fatal("lstat %s", sun.sun_path);
 		*unix_path = xstrdup(sun.sun_path);
 	} else {
 		struct addrinfo hints, *res, *ai;
@@ -576,7 +579,8 @@ run(const char *path)
 
 	env.released_ev = event_new(env.base, -1, 0, on_released, NULL);
 	config_defer_free(wake_main_to_free, env.released_ev);
-	env.listen_fd = listen_socket(env.config->listen, &env.unix_path);
+	env.listen_fd = listen_socket(env.config->listen, &env.unix_path,
+	    &env.unix_stat);
 	env.nworkers = env.config->workers;
 	if (env.nworkers == 0) {
 		long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -613,8 +617,14 @@ run(const char *path)
 	event_free(env.released_ev);
 	if (env.listen_fd != -1)
 		close(env.listen_fd);
+	/* Not a socket put there since (a daemon started after ours was
+	 * deleted): that one's gateway would lose it. */
 	if (env.unix_path) {
-		unlink(env.unix_path);
+		struct stat sb;
+
+		if (lstat(env.unix_path, &sb) == 0 && sb.st_dev == env.unix_stat.st_dev &&
+		    sb.st_ino == env.unix_stat.st_ino)
+			unlink(env.unix_path);
 		free(env.unix_path);
 	}
 	for (size_t i = 0; i < NHANDLED_SIGNALS; i++)

@@ -99,6 +99,20 @@ def test_unix_socket_in_use_is_not_taken(tmp_path, redis_server):
     finally:
         third.terminate()
         assert third.wait(10) == 0
+    # a daemon removes its socket at exit, but not one put there since
+    first = start()
+    assert wait_until(answers, timeout=5)
+    os.unlink(sock)
+    second = start()
+    try:
+        assert wait_until(answers, timeout=5)
+        first.terminate()
+        assert first.wait(10) == 0
+        assert answers()
+    finally:
+        second.terminate()
+        assert second.wait(10) == 0
+    assert not os.path.exists(sock)
     with open(sock, "w") as f:
         f.write("not a socket")
     fourth = start()
