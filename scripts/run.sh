@@ -22,6 +22,8 @@ addr=$(awk '
 	r && $1 == "address:" { print $2; exit }' "$policy" | tr -d '"'"'")
 addr=${addr:-127.0.0.1:6379}
 host=${addr%:*}; port=${addr##*:}
+# [::1]:6379: redis-cli and redis-server take the address without brackets.
+host=${host#[}; host=${host%]}
 redis_pid=""
 case "$addr" in
 unix:*) ;;
