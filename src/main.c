@@ -158,6 +158,23 @@ unix_socket_stale(const struct sockaddr_un *sun)
 	return stale;
 }
 
+/* 127.0.0.0/8, ::1, or ::ffff:127.0.0.0/104. */
+static int
+loopback(const struct sockaddr *sa)
+{
+	if (sa->sa_family == AF_INET)
+		return ((const unsigned char *)&((const struct sockaddr_in *)
+		    (const void *)sa)->sin_addr)[0] == 127;
+	if (sa->sa_family == AF_INET6) {
+		const struct in6_addr *a = &((const struct sockaddr_in6 *)
+		    (const void *)sa)->sin6_addr;
+
+		return IN6_IS_ADDR_LOOPBACK(a) ||
+		    (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+	}
+	return 0;
+}
+
 static int
 listen_socket(const char *spec, char **unix_path, struct stat *unix_stat)
 {
@@ -231,6 +248,10 @@ listen_socket(const char *spec, char **unix_path, struct stat *unix_stat)
 		setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
 		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == -1)
 			fatal("bind %s", spec);
+		if (!loopback(ai->ai_addr))
+			log_warnx("listen %s reaches beyond loopback: whoever can "
+			    "connect can ask checks, and so charge any client's "
+			    "limits; keep the port to the gateway's network", spec);
 		freeaddrinfo(res);
 	}
 	if (listen(fd, MAIN_LISTEN_BACKLOG) == -1)

@@ -217,3 +217,18 @@ def test_listen_on_a_name_takes_its_ipv4_address(tmp_path, redis_server):
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def test_listening_beyond_loopback_is_said(start_daemon):
+    """SPEC §8 has the daemon on loopback by default, and the README's
+    trust in the forwarding headers rests on it: listening elsewhere starts,
+    with a warning."""
+    d = start_daemon(policy("  - name: u\n    match: {prefix: /}\n    key: global\n"
+                            "    limits: [{name: w, algorithm: fixed_window, limit: 2, "
+                            "window: 1h}]\n").replace("127.0.0.1:{port}", "0.0.0.0:{port}"))
+    assert "listen 0.0.0.0:%d reaches beyond loopback: whoever can connect can ask " \
+        "checks, and so charge any client's limits" % d.port in d.log(), d.log()
+    e = start_daemon(policy("  - name: u\n    match: {prefix: /}\n    key: global\n"
+                            "    limits: [{name: w, algorithm: fixed_window, limit: 2, "
+                            "window: 1h}]\n"))
+    assert "beyond loopback" not in e.log(), e.log()
