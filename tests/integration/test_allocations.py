@@ -1,7 +1,7 @@
 """The lean hot path (issue 5): no allocation per request in the daemon.
 
 The release binary runs with tests/tools/malloc_count.c preloaded, which
-counts every malloc, calloc and realloc and reports the count on SIGUSR2.
+counts every malloc, calloc and realloc and reports the count on SIGWINCH.
 After a warm-up (pools, buffers and hiredis's read buffer reach their
 size), a request answered from the deny cache must allocate nothing, and
 one that goes to Redis may allocate only per script call (hiredis queues a
@@ -48,7 +48,7 @@ def counted_daemon(tmp_path, redis_server):
 
 def allocs(d):
     before = len(re.findall(r"^allocs \d+$", d.log(), re.M))
-    d.signal(signal.SIGUSR2)
+    d.signal(signal.SIGWINCH)
     assert wait_until(lambda: len(re.findall(r"^allocs \d+$", d.log(), re.M)) > before)
     return int(re.findall(r"^allocs (\d+)$", d.log(), re.M)[-1])
 
