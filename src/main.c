@@ -142,20 +142,26 @@ assign_metric_ids(struct config *c)
 	free(results);
 }
 
-/* Nobody accepts at the socket (connect is refused)? A full backlog or
- * any other answer means a listener is there. */
+/* Nobody accepts at the socket (connect is refused)? Accepted, or a full
+ * backlog (EAGAIN), means a listener is there; any other failure (no
+ * permission, a datagram socket) is said as it is, and the socket left. */
 static int
-unix_socket_stale(const struct sockaddr_un *sun)
+unix_socket_stale_or_exit(const char *spec, const struct sockaddr_un *sun)
 {
 	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	int stale;
+	int rc, error;
 
 	if (fd == -1)
 		fatal("socket");
-	stale = connect(fd, (const struct sockaddr *)sun, sizeof(*sun)) == -1 &&
-	    errno == ECONNREFUSED;
+	rc = connect(fd, (const struct sockaddr *)sun, sizeof(*sun));
+	error = errno;
 	close(fd);
-	return stale;
+	if (rc == -1 && error == ECONNREFUSED)
+		return 1;
+	if (rc == 0 || error == EAGAIN || error == EINPROGRESS)
+		fatalx("listen %s: another process is listening there", spec);
+	fatalx("listen %s: a socket is there, and connecting to it failed (%s): "
+	    "remove it if no process uses it", spec, strerror(error));
 }
 
 /* 127.0.0.0/8, ::1, or ::ffff:127.0.0.0/104. */
@@ -191,10 +197,8 @@ listen_socket(const char *spec, char **unix_path, struct stat *unix_stat)
 		 * anything else, nor one a process still listens on: that
 		 * would silently take a running daemon's gateway away. */
 		if (lstat(sun.sun_path, &sb) == 0 && S_ISSOCK(sb.st_mode)) {
-			if (!unix_socket_stale(&sun))
-				fatalx("listen %s: another process is listening "
-				    "there", spec);
-			unlink(sun.sun_path);
+			if (unix_socket_stale_or_exit(spec, &sun))
+				unlink(sun.sun_path);
 		}
 		if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC,
 		    0)) == -1)

@@ -107,6 +107,13 @@ struct store {
 	 * no backoff reset) until a call is answered, and the drops of such
 	 * links are one outage in the log. */
 	int			 st_stalled;
+	/* A link was dropped for READONLY, and no check has been answered
+	 * without it since. With INFO refused to the ACL user, the handshake
+	 * cannot tell a replica, and the probe (zero checks, no write) is
+	 * answered by one: then only a check answered without READONLY ends
+	 * the outage (see link_answered), so the drops back off to a second
+	 * apart and are one outage in the log. */
+	int			 st_readonly;
 	/* The current link has answered a script call. Until it has, /readyz
 	 * and the gauge call it connecting: the handshake alone proves little
 	 * (a Redis in CLIENT PAUSE WRITE answers it and holds every call). */
@@ -178,13 +185,16 @@ set_state(struct store *st, enum store_state state)
 }
 
 /* A script call was answered on the current link, whatever the reply:
- * Redis takes calls again. */
+ * Redis takes calls again. After a READONLY drop, only a check answered
+ * without it (checks_written) or a handshake that found a primary says
+ * so: the probe writes nothing, and a replica answers it. */
 static void
-link_answered(struct store *st)
+link_answered(struct store *st, int checks_written)
 {
-	if (st->st_stalled) {
+	if (st->st_stalled && (checks_written || !st->st_readonly)) {
 		log_info("%s: answering again", st->st_who);
 		st->st_stalled = 0;
+		st->st_readonly = 0;
 		st->st_backoff_us = STORE_BACKOFF_MIN_US;
 		st->st_logged_down = 0;
 	}
@@ -206,7 +216,7 @@ on_probe_reply(redisAsyncContext *ac, void *r, void *privdata)
 	(void)privdata;
 	if (r == NULL || st == NULL || st->st_ac != ac)
 		return;
-	link_answered(st);
+	link_answered(st, 0);
 }
 
 /* Arms the reconnect timer with the current backoff, then doubles it. */
@@ -376,6 +386,9 @@ on_info(redisAsyncContext *ac, void *r, void *privdata)
 		    "the primary");
 		return;
 	}
+	/* A primary, by its own word: the probe's answer is recovery. */
+	if (reply->type == REDIS_REPLY_STRING)
+		st->st_readonly = 0;
 	st->st_cluster = strstr(info, "\ncluster_enabled:1") != NULL;
 	if (st->st_cluster && st->st_max_batch > 1)
 		log_info("%s: a Cluster node; one check per script call",
@@ -734,8 +747,6 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 		st->st_inflight -= b->sb_n;
 		st->st_progress_us = mono_us();
 	}
-	if (st->st_ac == ac && reply != NULL)
-		link_answered(st);
 	if (reply == NULL)
 		batch_fail(b, STORE_DISCONNECTED, NULL);
 	else if (reply->type == REDIS_REPLY_ERROR) {
@@ -752,11 +763,19 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 	else
 		batch_fail(b, STORE_ERROR, "unexpected script reply");
 	batch_put(st, b);
-	/* The primary was made a replica under us (a failover): the link
-	 * goes, and the handshake of the next one says what it is now. */
-	if (readonly && st->st_ac == ac && !st->st_link_failed) {
-		st->st_link_failed = 1;	/* one drop, one line */
-		store_drop(st, "READONLY: the server is a replica now");
+	if (st->st_ac != ac || reply == NULL)
+		return;
+	if (!readonly)
+		link_answered(st, 1);
+	else if (!st->st_link_failed) {
+		/* The primary was made a replica under us (a failover): the
+		 * link goes, and the next handshake says what it is now. */
+		st->st_link_failed = 1;		/* one drop per link */
+		store_drop(st, st->st_readonly ? NULL :
+		    "READONLY: the server is a replica now");
+		st->st_readonly = 1;
+		st->st_stalled = 1;
+		st->st_logged_down = 1;
 	}
 }
 

@@ -1114,3 +1114,32 @@ def test_a_sentinel_is_refused_with_the_fix(start_daemon, tmp_path):
     finally:
         sentinel.kill()
         sentinel.wait()
+
+
+def test_a_replica_unseen_by_info_backs_off(start_daemon, redis_server, tmp_path):
+    """An ACL user without INFO (+@all -@dangerous) cannot see the role, and
+    the zero-check probe is answered by a replica: each check's READONLY
+    dropped the link, the next handshake logged "connected" and reset the
+    backoff, so every check cost a connection and two log lines (found by
+    a review). The drops now back off and are one outage in the log."""
+    replica = RedisServer(tmp_path).start()
+    try:
+        rc = replica.client()
+        rc.execute_command("ACL", "SETUSER", "noinfo", "on", ">noinfo-pw", "~*",
+                           "+@all", "-info")
+        rc.replicaof("127.0.0.1", redis_server.port)
+        d = start_daemon(policy(route("r", "/"),
+                                redis="  username: noinfo\n  password_env: RL_NOINFO\n"),
+                         redis_port=replica.port, env={"RL_NOINFO": "noinfo-pw"})
+        conns0 = rc.info("stats")["total_connections_received"]
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert check(d, "/check/x").status_code == 200     # fails open
+            time.sleep(0.05)
+        log = d.log()
+        assert log.count("READONLY: the server is a replica now") == 1, log
+        assert log.count(": connected") == 1, log
+        # backoff from 50 ms to 1 s: about 6 links in 3 s, not one per check
+        assert rc.info("stats")["total_connections_received"] - conns0 <= 10, log
+    finally:
+        replica.stop()

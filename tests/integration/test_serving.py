@@ -113,6 +113,18 @@ def test_unix_socket_in_use_is_not_taken(tmp_path, redis_server):
         second.terminate()
         assert second.wait(10) == 0
     assert not os.path.exists(sock)
+    # a socket it cannot connect to is said as it is, and left (a review)
+    dgram = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    dgram.bind(sock)
+    try:
+        other = start()
+        out, err = other.communicate(timeout=10)
+        assert other.returncode == 1 and ("listen unix:%s: a socket is there, and "
+                                          "connecting to it failed (" % sock) in err.decode(), err
+        assert os.path.exists(sock)
+    finally:
+        dgram.close()
+        os.unlink(sock)
     with open(sock, "w") as f:
         f.write("not a socket")
     fourth = start()
