@@ -169,13 +169,16 @@ def nginx_config(tmpdir, daemon_port, upstream_port, listen_port):
 
 
 class Nginx:
-    def __init__(self, tmpdir, daemon_port, upstream_port):
+    def __init__(self, tmpdir, daemon_port, upstream_port, config=None):
+        """config(dir, daemon_port, upstream_port, listen_port) -> the
+        nginx.conf text; conf/nginx.conf's by default."""
         self.dir = os.path.join(str(tmpdir), "nginx")
         os.makedirs(os.path.join(self.dir, "logs"), exist_ok=True)
         self.port = free_port()
         self.conf = os.path.join(self.dir, "nginx.conf")
         with open(self.conf, "w") as f:
-            f.write(nginx_config(self.dir, daemon_port, upstream_port, self.port))
+            f.write((config or nginx_config)(self.dir, daemon_port, upstream_port,
+                                             self.port))
         self.log_path = os.path.join(self.dir, "stderr.log")
         self.globals = ("daemon off; master_process off; pid %s/nginx.pid; "
                         "error_log stderr;" % self.dir)
@@ -427,5 +430,76 @@ def test_unreachable_daemon_fails_closed(tmp_path, upstream):
         assert r.status_code == 500
         assert r.json() == {"error": "rate_limiter_unreachable"}, r.text
         assert upstream.count("/") == 0
+    finally:
+        gw.stop()
+
+
+# ingress-nginx's auth-url, as its template (rootfs/etc/nginx/template/
+# nginx.tmpl) writes the auth location without auth-method: the original
+# request only in X-Original-URL, Host the auth service's, the client in
+# X-Real-IP and X-Forwarded-For. Paths as nginx_config's.
+INGRESS = """\
+events {{ }}
+http {{
+    access_log off;
+    client_body_temp_path {dir}/client_body;
+    proxy_temp_path {dir}/proxy;
+    {temps}
+    server {{
+        listen 127.0.0.1:{listen};
+        location / {{
+            auth_request /_external-auth;
+            auth_request_set $auth_limit $upstream_http_x_ratelimit_limit;
+            proxy_set_header X-RateLimit-Limit $auth_limit;
+            proxy_pass http://127.0.0.1:{upstream};
+        }}
+        location = /_external-auth {{
+            internal;
+            proxy_pass_request_body     off;
+            proxy_set_header            Content-Length          "";
+            proxy_set_header            X-Forwarded-Proto       "";
+            proxy_set_header            Host                    ratelimitd.default.svc;
+            proxy_set_header            X-Original-URL          $scheme://$http_host$request_uri;
+            proxy_set_header            X-Original-Method       $request_method;
+            proxy_set_header            X-Sent-From             "nginx-ingress-controller";
+            proxy_set_header            X-Real-IP               $remote_addr;
+            proxy_set_header            X-Forwarded-For         $remote_addr;
+            proxy_set_header            X-Auth-Request-Redirect $request_uri;
+            proxy_http_version          1.1;
+            proxy_pass http://127.0.0.1:{daemon}/check;
+        }}
+    }}
+}}
+"""
+
+
+def ingress_config(tmpdir, daemon_port, upstream_port, listen_port):
+    version = subprocess.run([NGINX, "-V"], capture_output=True, text=True).stderr
+    temps = " ".join("%s_temp_path %s/%s;" % (m, tmpdir, m) for m in ("fastcgi", "uwsgi", "scgi")
+                     if "--without-http_%s_module" % m not in version)
+    return INGRESS.format(dir=tmpdir, temps=temps, listen=listen_port,
+                          upstream=upstream_port, daemon=daemon_port)
+
+
+def test_ingress_nginx_auth_url(tmp_path, start_daemon, upstream):
+    """ingress-nginx's auth location, in a real nginx: the daemon must judge
+    the client's path, method and host, which arrive only in X-Original-URL
+    and X-Original-Method (before, every check was "/" on the auth service's
+    host, and only the catch-all matched)."""
+    daemon = start_daemon(POLICY)
+    gw = Nginx(tmp_path, daemon.port, upstream.port, config=ingress_config).start()
+    gw.daemon = daemon
+    try:
+        host = {"Host": "api.example.com"}
+        got = [get(gw, "/h/x?i=%d" % i, "DELETE", headers=host) for i in range(3)]
+        assert [r.status_code for r in got] == [200, 403, 403], \
+            ([(r.status_code, r.text) for r in got], daemon.log())
+        assert got[0].text == "upstream ok" and upstream.count("/h/") == 1
+        # another host: no route but the API's own, so it passes
+        for _ in range(3):
+            assert get(gw, "/h/x", headers={"Host": "other.example.com"}).status_code == 200
+        # the /api/ route, keyed by the client IP nginx saw
+        got = [get(gw, "/api/v", "POST") for _ in range(4)]
+        assert [r.status_code for r in got] == [200, 200, 200, 403], daemon.log()
     finally:
         gw.stop()
