@@ -39,7 +39,12 @@ if USED.sliding_window_counter then ALGORITHMS.sliding_window_counter = {
       redis.call('HDEL', key, unpack(stale, i, math.min(#stale, i + SWC_HDEL_BATCH - 1)))
     end
     local cap, charge = limit * P, cost * P
-    local allowed = f + charge <= cap
+    -- One expression for the verdict and the sweep's target: past 2^53
+    -- (limit * P, P in us) the doubles round, and `f + charge <= cap`
+    -- could deny what `f <= cap - charge` let the sweep find already
+    -- passing, at a slope of 0 (a retry of -inf).
+    local target = cap - charge
+    local allowed = f <= target
     local retry = 0
     if not allowed then
       if cost > limit then
@@ -49,7 +54,6 @@ if USED.sliding_window_counter then ALGORITHMS.sliding_window_counter = {
         -- in u: bucket i holds full weight until u = e_i - P, then loses
         -- n_i per us until u = e_i. Sweep those breakpoints for the first u
         -- with count * P <= cap - charge.
-        local target = cap - charge
         local events = {}
         local slope = 0
         for i = 1, #ends do
@@ -65,7 +69,7 @@ if USED.sliding_window_counter then ALGORITHMS.sliding_window_counter = {
         for i = 1, #events do
           local at = events[i][1]
           local next_val = val - slope * (at - u)
-          if next_val <= target then
+          if next_val <= target and slope > 0 then
             retry = u + math.ceil((val - target) / slope)
             break
           end

@@ -697,3 +697,20 @@ def test_default_precision_shown_as_in_force(start_daemon):
     ]))
     lims = policy_limits(d)
     assert [lims[n][0]["precision"] for n in "abc"] == ["100.1ms", "1.3ms", "6s"], lims
+
+
+def test_sliding_window_counter_past_two_to_the_53(start_daemon):
+    """limit x precision (in us) past 2^53 makes the script's doubles round:
+    the verdict computed as f + charge <= cap denied a request that fits,
+    and the retry sweep, which asked f <= cap - charge, found it passing at
+    a slope of 0 and divided by it (a retry of -inf). One expression now
+    decides both (found by an audit of numeric extremes)."""
+    d = start_daemon(policy([route("s", [
+        "{algorithm: sliding_window_counter, limit: 1000000002, window: 1d, precision: 1d}"])]))
+    first = jc(d, "s", "k", cost=1000000001)
+    assert first.status_code == 200, first.text
+    second = jc(d, "s", "k", cost=1)
+    assert second.status_code == 200, second.text
+    third = jc(d, "s", "k", cost=1)
+    assert third.status_code == 429, third.text
+    assert int(third.headers["Retry-After"]) > 3600, dict(third.headers)
