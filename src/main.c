@@ -571,6 +571,30 @@ watch_policy_file(struct env *env)
 	free(copy);
 }
 
+/*
+ * Exiting: a signal from now on (a supervisor's second SIGTERM, or `make
+ * run`'s trap forwarding Ctrl-C) must not turn a clean exit into death by
+ * that signal, 128+N. Freeing a signal event puts back the default action,
+ * so the signals are held first and ignored after (which drops any held).
+ */
+static void
+ignore_handled_signals(struct event **sigs)
+{
+	struct sigaction ign;
+	sigset_t set;
+
+	sigemptyset(&set);
+	for (size_t i = 0; i < NHANDLED_SIGNALS; i++)
+		sigaddset(&set, handled_signals[i].signo);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	memset(&ign, 0, sizeof(ign));
+	ign.sa_handler = SIG_IGN;
+	for (size_t i = 0; i < NHANDLED_SIGNALS; i++) {
+		event_free(sigs[i]);
+		sigaction(handled_signals[i].signo, &ign, NULL);
+	}
+}
+
 static int
 run(const char *path)
 {
@@ -652,8 +676,7 @@ run(const char *path)
 			unlink(env.unix_path);
 		free(env.unix_path);
 	}
-	for (size_t i = 0; i < NHANDLED_SIGNALS; i++)
-		event_free(sigs[i]);
+	ignore_handled_signals(sigs);
 	event_free(env.reload_ev);
 	if (env.inotify_ev)
 		event_free(env.inotify_ev);
