@@ -185,9 +185,10 @@ set_state(struct store *st, enum store_state state)
 }
 
 /* A script call was answered on the current link, whatever the reply:
- * Redis takes calls again. After a READONLY drop, only a check answered
- * without it (checks_written) or a handshake that found a primary says
- * so: the probe writes nothing, and a replica answers it. */
+ * Redis takes calls again. After a READONLY drop, only an allowed check
+ * answered without it (it wrote: checks_written) or a handshake that
+ * found a primary says so: the probe and denials write nothing, and a
+ * replica answers them. */
 static void
 link_answered(struct store *st, int checks_written)
 {
@@ -690,14 +691,16 @@ is_readonly(const char *error)
 	return strncmp(error, "READONLY", 8) == 0;
 }
 
+#define DELIVERED_READONLY	1	/* a check failed with READONLY */
+#define DELIVERED_WROTE		2	/* a check was allowed: it wrote */
+
 /* Hands each check its slice of the reply: 2 + 5 integers per limit, or,
  * for a check whose Redis commands failed (WRONGTYPE, OOM), -1 and the
- * error's text: that check alone fails. Returns whether one failed with
- * READONLY. */
+ * error's text: that check alone fails. Returns DELIVERED_* flags. */
 static int
 batch_deliver(struct store_batch *b, const redisReply *reply)
 {
-	int readonly = 0;
+	int flags = 0;
 
 	long long ints[STORE_REPLY_INTS_MAX];
 	size_t want = 0, at = 0;
@@ -718,17 +721,21 @@ batch_deliver(struct store_batch *b, const redisReply *reply)
 			const char *error = slice[1]->type == REDIS_REPLY_STRING ?
 			    slice[1]->str : "script error";
 
-			readonly |= is_readonly(error);
+			if (is_readonly(error))
+				flags |= DELIVERED_READONLY;
 			call_fail(b->sb_calls[i], STORE_ERROR, error);
 			continue;
 		}
 		if (slice_ints(slice, res.nints, ints) == -1)
 			call_fail(b->sb_calls[i], STORE_ERROR,
 			    "script reply is not integers");
-		else
+		else {
+			if (ints[0] == 1)
+				flags |= DELIVERED_WROTE;
 			b->sb_calls[i]->sc_cb(b->sb_calls[i]->sc_arg, &res);
+		}
 	}
-	return readonly;
+	return flags;
 }
 
 static void
@@ -737,7 +744,7 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 	struct store_batch *b = privdata;
 	struct store *st = b->sb_store;
 	redisReply *reply = r;
-	int readonly = 0;
+	int flags = 0;
 
 	if (b->sb_sent) {
 		TAILQ_REMOVE(&st->st_sent, b, sb_sent_entry);
@@ -755,18 +762,20 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 			load_script(st);
 			batch_fail(b, STORE_NOSCRIPT, NULL);
 		} else {
-			readonly = is_readonly(reply->str);
+			if (is_readonly(reply->str))
+				flags = DELIVERED_READONLY;
 			batch_fail(b, STORE_ERROR, reply->str);
 		}
 	} else if (reply->type == REDIS_REPLY_ARRAY)
-		readonly = batch_deliver(b, reply);
+		flags = batch_deliver(b, reply);
 	else
 		batch_fail(b, STORE_ERROR, "unexpected script reply");
 	batch_put(st, b);
 	if (st->st_ac != ac || reply == NULL)
 		return;
-	if (!readonly)
-		link_answered(st, 1);
+	/* Only an allowed check wrote: a replica answers a denial too. */
+	if (!(flags & DELIVERED_READONLY))
+		link_answered(st, flags & DELIVERED_WROTE);
 	else if (!st->st_link_failed) {
 		/* The primary was made a replica under us (a failover): the
 		 * link goes, and the next handshake says what it is now. */
@@ -934,6 +943,7 @@ store_configure(struct store *st, const struct config *c)
 	st->st_inflight = 0;
 	st->st_tcp_up = 0;
 	st->st_stalled = 0;
+	st->st_readonly = 0;
 	event_del(st->st_retry_ev);
 	store_connect(st);
 }

@@ -1121,24 +1121,33 @@ def test_a_replica_unseen_by_info_backs_off(start_daemon, redis_server, tmp_path
     the zero-check probe is answered by a replica: each check's READONLY
     dropped the link, the next handshake logged "connected" and reset the
     backoff, so every check cost a connection and two log lines (found by
-    a review). The drops now back off and are one outage in the log."""
+    a review). The drops now back off and are one outage in the log; a
+    denial, which writes nothing and which a replica answers, is no
+    recovery either (a second review: it reset the backoff)."""
+    primary = start_daemon(SIMPLE)
+    for _ in range(6):      # 10.0.0.1 over its limit, on the primary
+        vcheck(primary, {"route": "r", "key": "10.0.0.1"})
     replica = RedisServer(tmp_path).start()
     try:
         rc = replica.client()
         rc.execute_command("ACL", "SETUSER", "noinfo", "on", ">noinfo-pw", "~*",
                            "+@all", "-info")
         rc.replicaof("127.0.0.1", redis_server.port)
+        assert wait_until(lambda: rc.dbsize() > 0, timeout=10)
         d = start_daemon(policy(route("r", "/"),
                                 redis="  username: noinfo\n  password_env: RL_NOINFO\n"),
                          redis_port=replica.port, env={"RL_NOINFO": "noinfo-pw"})
         conns0 = rc.info("stats")["total_connections_received"]
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline:
-            assert check(d, "/check/x").status_code == 200     # fails open
+            vcheck(d, {"route": "r", "key": "10.0.0.1"})     # denied, read only
+            r = vcheck(d, {"route": "r", "key": "10.0.0.2"})
+            assert r.status_code == 200 and r.json()["degraded"] is True, r.text
             time.sleep(0.05)
         log = d.log()
         assert log.count("READONLY: the server is a replica now") == 1, log
         assert log.count(": connected") == 1, log
+        assert "answering again" not in log, log
         # backoff from 50 ms to 1 s: about 6 links in 3 s, not one per check
         assert rc.info("stats")["total_connections_received"] - conns0 <= 10, log
     finally:
