@@ -39,7 +39,6 @@
  * path can be nearly 64 KiB), so a key is never cut, and two long keys
  * cannot meet in one counter. */
 #define CHECK_QUERY_KEY_MAX	(SERVER_BODY_MAX + 1)
-#define CHECK_URL_HOST_MAX	256	/* a DNS name's 253 bytes and a port */
 /* Idle checks kept for reuse (about 1.6 KB each): enough for the steady
  * concurrency of a busy sidecar; a spike above it is freed as it ends. */
 #define CHECK_POOL_MAX		1024
@@ -582,49 +581,18 @@ check_run(struct check *ck, const char *key, size_t keylen, int kind)
 	check_send(ck);
 }
 
-typedef const char *(*header_lookup_fn)(void *, const char *, unsigned);
-
-/* The first of two headers with a value (b may be NULL: one), else
- * `otherwise`: an empty one ("X-Original-URI:") counts as absent, as for
- * key sources, rather than resolving to no path, method or host and so to
- * no route. */
+/* The first of two headers with a value, else `otherwise`: an empty one
+ * ("X-Original-URI:") counts as absent, as for key sources, rather than
+ * resolving to no path, method or host and so to no route. */
 static const char *
-first_present(header_lookup_fn lookup, void *ctx, const char *a, const char *b,
-    const char *otherwise)
+first_present(const char *(*lookup)(void *, const char *, unsigned), void *ctx,
+    const char *a, const char *b, const char *otherwise)
 {
 	const char *v = lookup(ctx, a, 0);
 
-	if ((v == NULL || *v == '\0') && b != NULL)
+	if (v == NULL || *v == '\0')
 		v = lookup(ctx, b, 0);
 	return v && *v ? v : otherwise;
-}
-
-/*
- * The original request's target and host, as the gateway names them.
- * ingress-nginx's auth-url sends neither X-Original-URI nor
- * X-Forwarded-Uri, only X-Original-URL (scheme://host/path?query), and
- * Host is the rate limiter's own name there: without either of those two,
- * an absolute X-Original-URL gives the path, and its host comes after
- * X-Forwarded-Host, before Host. When the gateway names the path the
- * SPEC's way, X-Original-URL is ignored, so a client's own copy of it,
- * passed along by nginx's auth_request, cannot choose the host.
- */
-static void
-original_target(header_lookup_fn lookup, void *ctx, const char *uri_otherwise,
-    const char **uri, const char **host, char *hostbuf, size_t hostsize)
-{
-	const char *url;
-
-	*uri = first_present(lookup, ctx, "X-Original-URI", "X-Forwarded-Uri", NULL);
-	if (*uri == NULL && (url = lookup(ctx, "X-Original-URL", 0)) != NULL &&
-	    policy_url_host(url, hostbuf, hostsize) == 0) {
-		*uri = url;
-		*host = first_present(lookup, ctx, "X-Forwarded-Host", NULL, hostbuf);
-		return;
-	}
-	if (*uri == NULL)
-		*uri = uri_otherwise;
-	*host = first_present(lookup, ctx, "X-Forwarded-Host", "Host", NULL);
 }
 
 /* The client IP of the check request itself (peer, XFF, X-Real-IP). */
@@ -644,18 +612,18 @@ check_forward(struct worker *w, struct http_request *req, const char *rest)
 {
 	struct check *ck = check_get(w, req, 0);
 	char path[POLICY_PATH_MAX], qkey[CHECK_QUERY_KEY_MAX], ip[64];
-	char url_host[CHECK_URL_HOST_MAX];
 	struct check_input in;
 	const char *uri, *key = NULL;
 	size_t keylen = 0;
 	int rc = -1;
 
-	original_target(header_lookup, req, rest, &uri, &in.host, url_host,
-	    sizeof(url_host));
+	uri = first_present(header_lookup, req, "X-Original-URI", "X-Forwarded-Uri",
+	    rest);
 	policy_normalize_uri(uri, path, sizeof(path), &in.query);
 	in.path = path;
 	in.method = first_present(header_lookup, req, "X-Original-Method",
 	    "X-Forwarded-Method", request_method(req));
+	in.host = first_present(header_lookup, req, "X-Forwarded-Host", "Host", NULL);
 	in.ip = NULL;
 	in.header = header_lookup;
 	in.header_ctx = req;
@@ -772,9 +740,7 @@ check_json(struct worker *w, struct http_request *req)
 	const char *data = request_body(req, &len);
 	const struct config *c = w->w_config;
 	char path[POLICY_PATH_MAX], qkey[CHECK_QUERY_KEY_MAX], ip[64];
-	char url_host[CHECK_URL_HOST_MAX];
 	const char *route_name, *key = NULL, *method, *uri, *host, *ipfield, *k;
-	const char *target_host;
 	const struct route *route = NULL;
 	const struct limit_set *set = NULL;
 	struct check_input in;
@@ -922,14 +888,9 @@ check_json(struct worker *w, struct http_request *req)
 			}
 		} else
 			request_client_ip(c, req, ip, sizeof(ip));
-		/* A path given names the request itself, and the host comes
-		 * from the headers the SPEC's way (see original_target). */
-		if (uri != NULL && *uri != '\0')
-			target_host = first_present(json_header_lookup, headers,
-			    "X-Forwarded-Host", "Host", NULL);
-		else
-			original_target(json_header_lookup, headers, "/", &uri,
-			    &target_host, url_host, sizeof(url_host));
+		if (uri == NULL || *uri == '\0')
+			uri = first_present(json_header_lookup, headers,
+			    "X-Original-URI", "X-Forwarded-Uri", "/");
 		policy_normalize_uri(uri, path, sizeof(path), &in.query);
 		in.path = path;
 		/* As /check resolves them, from the described request's own
@@ -938,7 +899,9 @@ check_json(struct worker *w, struct http_request *req)
 		in.method = method && *method ? method :
 		    first_present(json_header_lookup, headers, "X-Original-Method",
 		    "X-Forwarded-Method", "GET");
-		in.host = host && *host ? host : target_host;
+		in.host = host && *host ? host :
+		    first_present(json_header_lookup, headers, "X-Forwarded-Host",
+		    "Host", NULL);
 		in.ip = ip;
 		in.header = json_header_lookup;
 		in.header_ctx = headers;

@@ -38,26 +38,6 @@ policy_origin_form(const char *uri)
 	return uri + strcspn(uri, "/?#");
 }
 
-int
-policy_url_host(const char *url, char *buf, size_t size)
-{
-	const char *end = policy_origin_form(url), *at;
-	size_t len;
-
-	if (end == url)
-		return -1;	/* not absolute */
-	url = strstr(url, "//") + 2;
-	for (at = url; at < end; at++)
-		if (*at == '@')
-			url = at + 1;
-	len = (size_t)(end - url);
-	if (len == 0 || len >= size)
-		return -1;
-	memcpy(buf, url, len);
-	buf[len] = '\0';
-	return 0;
-}
-
 void
 policy_normalize_uri(const char *uri, char *buf, size_t size, const char **query)
 {

@@ -33,9 +33,6 @@ void policy_normalize_uri(const char *uri, char *buf, size_t size,
 /* The path and query of an absolute-form URI (http://host/path?q; RFC 9112
  * 3.2.2), maybe empty; any other URI as it is. */
 const char *policy_origin_form(const char *uri);
-/* The host[:port] of an absolute http(s) URL (userinfo dropped) into buf:
- * 0, or -1 when there is none or it does not fit. */
-int policy_url_host(const char *url, char *buf, size_t size);
 
 /* Splits a Host value into its parts (struct host_parts). */
 void policy_host_split(const char *host, struct host_parts *out);

@@ -103,46 +103,6 @@ def test_envoy_path_prefix_and_method(start_daemon, redis_server):
     assert r.status_code == 200 and limit_of(r) == 3
 
 
-def test_ingress_nginx_original_url(start_daemon):
-    """ingress-nginx's auth-url names the original request only by
-    X-Original-URL (scheme://host/path?query) and X-Original-Method, with
-    Host the rate limiter's own name: every check was "/" on the wrong
-    host, and no route but the catch-all ever matched."""
-    d = start_daemon(CONV)
-    h = {"Host": "ratelimitd.default.svc", "X-Original-Method": "DELETE",
-         "X-Original-URL": "https://api.example.com/h/items?id=1",
-         "X-Sent-From": "nginx-ingress-controller"}
-    got = [check(d, "/check", "GET", h) for _ in range(5)]
-    assert [limit_of(r) for r in got] == [4] * 5
-    assert [r.status_code for r in got] == [200] * 4 + [429]
-    # X-Forwarded-Host still comes first
-    r = check(d, "/check", "GET", dict(h, **{"X-Forwarded-Host": "other.example.com"}))
-    assert limit_of(r) == 1000
-    # the describe form reads it from its headers too
-    r = vcheck(d, {"method": "DELETE", "headers": {
-        "X-Original-URL": "http://api.example.com:8080/h/x", "Host": "rl.svc"}})
-    assert r.json()["route"] == "hosted", r.text
-
-
-def test_original_url_never_overrides_the_spec_headers(start_daemon):
-    """nginx's auth_request passes the client's own headers along: where
-    the gateway names the path the SPEC's way, a client's X-Original-URL
-    must choose neither the path nor the host; one that is not an absolute
-    URL is no source either."""
-    d = start_daemon(CONV)
-    url = {"X-Original-URL": "https://api.example.com/h/x"}
-    r = check(d, "/check", "GET", dict(url, **{
-        "X-Original-URI": "/n/a", "X-Original-Method": "DELETE", "Host": "other.example.com"}))
-    assert limit_of(r) == 1000
-    r = check(d, "/check", "GET", dict(url, **{"X-Forwarded-Uri": "/h/x",
-                                              "X-Forwarded-Method": "DELETE"}))
-    assert limit_of(r) == 1000, "Host, not the client's URL, names the host"
-    r = check(d, "/check/n/a", "POST", {"X-Original-URL": "/h/x"})
-    assert limit_of(r) == 3
-    r = vcheck(d, {"method": "DELETE", "path": "/h/x", "headers": url})
-    assert r.json()["route"] == "catch", r.text
-
-
 def test_bare_check_is_root_path(start_daemon):
     d = start_daemon(policy(route("root", "{path: /}", [fw(7)])))
     r = check(d, "/check")

@@ -437,7 +437,9 @@ def test_unreachable_daemon_fails_closed(tmp_path, upstream):
 # ingress-nginx's auth-url, as its template (rootfs/etc/nginx/template/
 # nginx.tmpl) writes the auth location without auth-method: the original
 # request only in X-Original-URL, Host the auth service's, the client in
-# X-Real-IP and X-Forwarded-For. Paths as nginx_config's.
+# X-Real-IP and X-Forwarded-For; then the two lines the README's
+# auth-proxy-set-headers ConfigMap adds, as buildAuthProxySetHeaders
+# renders them. Paths as nginx_config's.
 INGRESS = """\
 events {{ }}
 http {{
@@ -465,6 +467,8 @@ http {{
             proxy_set_header            X-Real-IP               $remote_addr;
             proxy_set_header            X-Forwarded-For         $remote_addr;
             proxy_set_header            X-Auth-Request-Redirect $request_uri;
+            proxy_set_header 'X-Forwarded-Host' '$host';
+            proxy_set_header 'X-Original-URI' '$request_uri';
             proxy_http_version          1.1;
             proxy_pass http://127.0.0.1:{daemon}/check;
         }}
@@ -482,10 +486,11 @@ def ingress_config(tmpdir, daemon_port, upstream_port, listen_port):
 
 
 def test_ingress_nginx_auth_url(tmp_path, start_daemon, upstream):
-    """ingress-nginx's auth location, in a real nginx: the daemon must judge
-    the client's path, method and host, which arrive only in X-Original-URL
-    and X-Original-Method (before, every check was "/" on the auth service's
-    host, and only the catch-all matched)."""
+    """ingress-nginx's auth location, in a real nginx, with the README's
+    two headers: the daemon judges the client's path, method and host (the
+    controller alone names them only in X-Original-URL, with Host its own),
+    and a client's own forwarding headers, which the controller passes
+    along, choose nothing (a review found them believed)."""
     daemon = start_daemon(POLICY)
     gw = Nginx(tmp_path, daemon.port, upstream.port, config=ingress_config).start()
     gw.daemon = daemon
@@ -495,6 +500,9 @@ def test_ingress_nginx_auth_url(tmp_path, start_daemon, upstream):
         assert [r.status_code for r in got] == [200, 403, 403], \
             ([(r.status_code, r.text) for r in got], daemon.log())
         assert got[0].text == "upstream ok" and upstream.count("/h/") == 1
+        spoof = dict(host, **{"X-Original-URI": "/free", "X-Forwarded-Uri": "/free",
+                              "X-Forwarded-Host": "other.example.com"})
+        assert get(gw, "/h/x", "DELETE", headers=spoof).status_code == 403
         # another host: no route but the API's own, so it passes
         for _ in range(3):
             assert get(gw, "/h/x", headers={"Host": "other.example.com"}).status_code == 200

@@ -336,34 +336,6 @@ test_normalize(void)
 	}
 }
 
-static void
-test_url_host(void)
-{
-	/* url, its host (NULL: none) */
-	static const struct { const char *url, *host; } cases[] = {
-		{ "https://api.example.com/v1/x?q=1", "api.example.com" },
-		{ "http://api.example.com:8443", "api.example.com:8443" },
-		{ "HTTP://[::1]:8080/p", "[::1]:8080" },
-		{ "http://user:pw@h.example/p", "h.example" },
-		{ "http://h.example?u=@x", "h.example" },
-		{ "http:///p", NULL },
-		{ "/api/x", NULL },
-		{ "ftp://h.example/p", NULL },
-	};
-	char buf[64], small[4];
-
-	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		int rc = policy_url_host(cases[i].url, buf, sizeof(buf));
-
-		if (cases[i].host) {
-			CHECK(rc == 0);
-			CHECK_STR(buf, cases[i].host);
-		} else
-			CHECK(rc == -1);
-	}
-	CHECK(policy_url_host("http://h.example/", small, sizeof(small)) == -1);
-}
-
 struct fake_headers {
 	const char *names[4], *values[4];
 };
@@ -813,7 +785,6 @@ static const struct {
 	{ "policy: a good file", test_config_good },
 	{ "policy: errors with positions", test_config_errors },
 	{ "path normalization", test_normalize },
-	{ "host of a URL", test_url_host },
 	{ "routes and keys", test_routes_and_keys },
 	{ "client ip", test_client_ip },
 	{ "redis keys and command", test_encode_and_build },
