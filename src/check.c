@@ -266,26 +266,19 @@ check_finish(struct check *ck, enum check_outcome outcome)
 		/* A shadow route enforces nothing, this denial included: it
 		 * is counted as what enforcement would have done, and the
 		 * JSON reply names it beside the verdict. */
-		if (route->shadow) {
-			result = RESULT_SHADOW_DENIED;
-			if (ck->ck_json)
-				http_reply_json(req, 200, json_pack("{s:b,s:s,s:s}",
-				    "allowed", 1, "error", "missing_key", "route",
-				    route->name));
-			else
-				request_reply(req, 200, NULL, NULL, 0);
-			break;
-		}
-		result = RESULT_DENIED;
-		status = 403;
-		/* The same body as /check's, plus the verdict a JSON client
-		 * reads first. */
+		result = route->shadow ? RESULT_SHADOW_DENIED : RESULT_DENIED;
+		status = route->shadow ? 200 : 403;
+		allowed = route->shadow;
+		/* /check's body, plus the verdict a JSON client reads first. */
 		if (ck->ck_json)
-			http_reply_json(req, 403, json_pack("{s:b,s:s,s:s}", "allowed", 0,
-			    "error", "missing_key", "route", route->name));
-		else
-			http_reply_json(req, 403, json_pack("{s:s,s:s}", "error",
+			http_reply_json(req, status, json_pack("{s:b,s:s,s:s}",
+			    "allowed", allowed, "error", "missing_key", "route",
+			    route->name));
+		else if (!allowed)
+			http_reply_json(req, status, json_pack("{s:s,s:s}", "error",
 			    "missing_key", "route", route->name));
+		else
+			request_reply(req, status, NULL, NULL, 0);
 		break;
 	case OUTCOME_DEGRADED:
 		limiter_format_degraded(ck->ck_set, &h);

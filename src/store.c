@@ -700,10 +700,9 @@ is_readonly(const char *error)
 static int
 batch_deliver(struct store_batch *b, const redisReply *reply)
 {
-	int flags = 0;
-
 	long long ints[STORE_REPLY_INTS_MAX];
 	size_t want = 0, at = 0;
+	int flags = 0;
 
 	for (size_t i = 0; i < b->sb_n; i++)
 		want += LIMITER_REPLY_INTS(b->sb_nlimits[i]);
