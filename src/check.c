@@ -74,6 +74,7 @@ struct check {
 	enum check_phase	 ck_phase;
 	int			 ck_redis_pending; /* hiredis holds ck_call */
 	int			 ck_retried;	/* NOSCRIPT retried once */
+	int			 ck_abandoned;	/* its client left during the hold */
 	struct verdict		 ck_verdict;
 };
 
@@ -108,6 +109,7 @@ check_get(struct worker *w, struct http_request *req, int json)
 	ck->ck_raw_key = NULL;
 	ck->ck_client[0] = '\0';
 	ck->ck_retried = 0;
+	ck->ck_abandoned = 0;
 	ck->ck_redis_pending = 0;
 	ck->ck_phase = CHECK_WAITING;
 	ck->ck_start_us = request_arrival_us(req);
@@ -136,6 +138,7 @@ check_release(struct check *ck)
 }
 
 static void log_redis_errors_held(struct worker *);
+static void check_on_peer_gone(void *);
 
 void
 check_pool_free(struct worker *w)
@@ -340,8 +343,10 @@ check_finish(struct check *ck, enum check_outcome outcome)
 	took = mono_us() - ck->ck_start_us;
 	metrics_check(w->w_metrics, route ? route->metric_id : 0, result,
 	    (uint64_t)took * 1000);
+	/* nginx's status for a client that closed before its reply. The
+	 * result stays what the limiter decided: the admission is spent. */
 	if (c->log_access)
-		access_log(ck, status, result, took);
+		access_log(ck, ck->ck_abandoned ? 499 : status, result, took);
 
 	ck->ck_phase = CHECK_DONE;
 	ck->ck_req = NULL;
@@ -370,6 +375,15 @@ check_on_timer(evutil_socket_t fd, short what, void *arg)
 		check_finish(ck, OUTCOME_DEGRADED);
 	} else if (ck->ck_phase == CHECK_DELAYED)
 		check_finish(ck, OUTCOME_VERDICT);
+}
+
+static void
+check_on_peer_gone(void *arg)
+{
+	struct check *ck = arg;
+
+	ck->ck_abandoned = 1;
+	check_finish(ck, OUTCOME_VERDICT);
 }
 
 /*
@@ -477,9 +491,17 @@ check_on_reply(void *arg, const struct store_result *res)
 	if (ck->ck_verdict.allowed && ck->ck_verdict.delay_ms > 0 && !w->w_draining) {
 		struct timeval tv = tv_us(ck->ck_verdict.delay_ms * 1000);
 
-		/* Shaping: the reply waits for its turn on a loop timer. */
-		ck->ck_phase = CHECK_DELAYED;
+		/* Shaping: the reply waits for its turn on a loop timer, unless
+		 * its client has left, which ends the wait (a thousand held
+		 * sockets would otherwise sit in CLOSE-WAIT, each with its
+		 * buffers and a connection slot, for as long as the hold). */
 		event_del(ck->ck_timer);
+		if (request_on_peer_gone(ck->ck_req, check_on_peer_gone, ck) == -1) {
+			ck->ck_abandoned = 1;
+			check_finish(ck, OUTCOME_VERDICT);
+			return;
+		}
+		ck->ck_phase = CHECK_DELAYED;
 		event_add(ck->ck_timer, &tv);
 		return;
 	}

@@ -13,7 +13,8 @@
  * pipelined requests wait in the buffer and are parsed after the reply. A
  * connection whose peer leaves while its request is pending is kept until
  * the reply, which is then dropped, so a handler never holds a dangling
- * request.
+ * request; a handler holding a reply on purpose asks to be told instead
+ * (request_on_peer_gone).
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -76,6 +77,8 @@ struct http_request {
 	int		 rq_keepalive;
 	int		 rq_head;		/* HEAD: headers only */
 	long long	 rq_arrival_us;		/* see request_arrival_us */
+	request_gone_cb	 rq_gone_cb;		/* see request_on_peer_gone */
+	void		*rq_gone_arg;
 	/* Not cleared per request: only the first rq_nheaders count. */
 	struct header	*rq_headers;		/* rq_headers_inline or grown */
 	int		 rq_headers_cap;
@@ -848,6 +851,19 @@ on_read(evutil_socket_t fd, short what, void *arg)
 		c->c_eof = 1;
 	else
 		c->c_dead = 1;
+	if (c->c_pending && c->c_req.rq_gone_cb) {
+		request_gone_cb gone = c->c_req.rq_gone_cb;
+
+		/* A held reply goes nowhere: its client closed, or at best
+		 * half-closed, which nginx too takes for a client that left
+		 * (499). The handler answers now, into the void, and the
+		 * connection and its slot are freed at once. */
+		c->c_dead = 1;
+		c->c_req.rq_gone_cb = NULL;
+		c->c_processing = 1;	/* the reply must not free c under us */
+		gone(c->c_req.rq_gone_arg);
+		c->c_processing = 0;
+	}
 	conn_settle(c);
 }
 
@@ -1300,6 +1316,21 @@ request_add_header(struct http_request *req, const char *name, const char *value
 	req->rq_out_len += 2;
 }
 
+int
+request_on_peer_gone(struct http_request *req, request_gone_cb cb, void *arg)
+{
+	struct conn *c = req->rq_conn;
+
+	if (c->c_dead || c->c_eof) {
+		/* Gone before the hold began: the reply will go nowhere. */
+		c->c_dead = 1;
+		return -1;
+	}
+	req->rq_gone_cb = cb;
+	req->rq_gone_arg = arg;
+	return 0;
+}
+
 /* Appends s to a reply head of SERVER_REPLY_HEAD_MAX bytes; what cannot
  * fit is cut (our status lines and content types are far shorter). */
 #define SERVER_REPLY_HEAD_MAX	256
@@ -1330,6 +1361,7 @@ request_reply(struct http_request *req, int status, const char *content_type,
 
 	c->c_pending = 0;
 	c->c_answered = 1;
+	req->rq_gone_cb = NULL;
 	if (!c->c_dead) {
 		/* Built by hand: snprintf's format parsing showed in profiles of
 		 * the hot path, and every piece here is short and bounded. */

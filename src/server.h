@@ -17,6 +17,7 @@ struct http_request;
 #define SERVER_BODY_MAX		65536	/* request body, bytes */
 
 typedef void (*server_handler)(struct http_request *req, void *arg);
+typedef void (*request_gone_cb)(void *arg);
 
 struct server *server_new(struct event_base *base, int listen_fd,
     server_handler handler, void *arg);
@@ -60,6 +61,14 @@ const char *request_peer(const struct http_request *req);
 /* Adds a response header; both strings must be free of CR and LF. */
 void request_add_header(struct http_request *req, const char *name,
     const char *value);
+/*
+ * For a reply held on purpose: cb(arg) runs if the client closes (or
+ * half-closes) the connection before the reply, and must answer at once;
+ * that reply, like any other after the client left, is dropped. Returns -1,
+ * setting nothing, when the client has left already: answer now.
+ */
+int request_on_peer_gone(struct http_request *req, request_gone_cb cb,
+    void *arg);
 /* Sends the reply; the request must not be touched afterwards. */
 void request_reply(struct http_request *req, int status,
     const char *content_type, const char *body, size_t len);

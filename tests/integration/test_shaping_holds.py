@@ -1,0 +1,140 @@
+"""A leaky_bucket with `delay: true` holds an allowed reply until its turn.
+A client that leaves during the hold (it closes, or half-closes, as nginx
+takes it too) ends the hold at once: its socket, buffers and connection slot
+are freed, not kept in CLOSE-WAIT until the turn comes. The admission stays
+spent, and counted allowed; the access line says 499, nginx's status for a
+client that closed first."""
+import os
+import socket
+import time
+
+from conftest import wait_until
+from ops_helpers import ops_daemon, policy, route, scrape  # noqa: F401
+
+# The first check passes at once; the k-th is held (k-1) * 10 s.
+HOLD = '{algorithm: leaky_bucket, rate: "1/10s", burst: 50, delay: true}'
+
+
+def held_policy(server=""):
+    return policy(route("lb", "/lb/", HOLD) + route(
+        "free", "/free/", "{algorithm: fixed_window, limit: 100, window: 1h}"),
+        server=server, top="log:\n  access: true\n")
+
+
+def send_check(port, path="/check/lb/x", key="k"):
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    s.sendall(("GET %s HTTP/1.1\r\nHost: t\r\nX-Key: %s\r\n\r\n" % (path, key)).encode())
+    return s
+
+
+def reply_status(s):
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return int(data.split(b" ")[1]) if data else None
+
+
+def open_fds(pid):
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
+def in_flight(d):
+    return scrape(d).get("ratelimitd_in_flight")
+
+
+def test_closed_clients_end_their_holds(ops_daemon):
+    d = ops_daemon(held_policy())
+    first = send_check(d.port)
+    assert reply_status(first) == 200          # the bucket's first: no wait
+    first.close()
+    socks = [send_check(d.port) for _ in range(10)]
+    assert wait_until(lambda: in_flight(d) == 10, timeout=3), in_flight(d)
+    holding = open_fds(d.proc.pid)
+    t0 = time.monotonic()
+    for s in socks:
+        s.close()
+    assert wait_until(lambda: in_flight(d) == 0, timeout=2), in_flight(d)
+    assert wait_until(lambda: open_fds(d.proc.pid) <= holding - 10, timeout=2), (
+        open_fds(d.proc.pid), holding)
+    assert time.monotonic() - t0 < 2          # the shortest hold was 10 s
+    m = scrape(d)
+    assert m.checks("lb", "allowed") == 11     # admitted: the slot is spent
+    held = [l for l in d.log().splitlines() if "route=lb" in l]
+    assert sum("status=499" in l for l in held) == 10, held
+    assert sum("status=200" in l for l in held) == 1, held
+    # Nothing was given back: the next check waits behind the 11 (110 s).
+    s = send_check(d.port)
+    assert wait_until(lambda: in_flight(d) == 1, timeout=3)
+    s.settimeout(0.5)
+    try:
+        got = s.recv(4096)
+    except socket.timeout:
+        got = None
+    assert got is None, got
+    s.close()
+
+
+def test_half_closed_client_ends_its_hold_and_gets_no_early_reply(ops_daemon):
+    """Half-closing must not pass a client ahead of its turn: the hold ends
+    with no reply, the socket is closed."""
+    d = ops_daemon(held_policy())
+    first = send_check(d.port)
+    assert reply_status(first) == 200
+    first.close()
+    s = send_check(d.port)
+    assert wait_until(lambda: in_flight(d) == 1, timeout=3)
+    s.shutdown(socket.SHUT_WR)
+    t0 = time.monotonic()
+    s.settimeout(5)
+    assert s.recv(4096) == b""                 # closed, no 200 before its turn
+    assert time.monotonic() - t0 < 2
+    assert wait_until(lambda: in_flight(d) == 0, timeout=2)
+    s.close()
+
+
+def test_client_that_stays_still_gets_its_turn(ops_daemon):
+    """Another client's leaving does not move anybody's turn."""
+    d = ops_daemon(policy(route("lb", "/lb/",
+                                '{algorithm: leaky_bucket, rate: "2/s", burst: 5, delay: true}')))
+    first = send_check(d.port)
+    assert reply_status(first) == 200
+    t0 = time.monotonic()
+    leaving = send_check(d.port)               # turn at 0.5 s
+    staying = send_check(d.port)               # turn at 1.0 s
+    assert wait_until(lambda: in_flight(d) == 2, timeout=3)
+    leaving.close()
+    assert reply_status(staying) == 200
+    assert 0.8 <= time.monotonic() - t0 <= 1.6
+    staying.close()
+    first.close()
+
+
+def test_held_connections_free_their_slots(ops_daemon):
+    """At max_connections, held checks whose clients left no longer keep a
+    new client out for the length of their hold."""
+    d = ops_daemon(held_policy(server="  max_connections: 4\n"))
+    first = send_check(d.port)
+    assert reply_status(first) == 200
+    first.close()
+    socks = [send_check(d.port) for _ in range(4)]
+    # At the cap a scrape would wait too: count the daemon's sockets.
+    assert wait_until(lambda: established(d.port) == 4, timeout=3), established(d.port)
+    time.sleep(0.2)                            # let all four reach their hold
+    for s in socks:
+        s.close()
+    t0 = time.monotonic()
+    s = send_check(d.port, "/check/free/x")
+    s.settimeout(5)
+    assert reply_status(s) == 200
+    assert time.monotonic() - t0 < 2           # the holds were 10 s and more
+    s.close()
+
+
+def established(port):
+    """The daemon's established connections on `port` (IPv4)."""
+    rows = open("/proc/net/tcp").read().splitlines()[1:]
+    return sum(1 for r in rows if r.split()[1].endswith(":%04X" % port)
+               and r.split()[3] == "01")
