@@ -86,7 +86,8 @@ integration: all
 # exit non-zero, which the harness fails on). The script-model suites talk
 # to Redis only, test_allocations preloads its counter into the release
 # binary (ASan brings its own allocator), and test_syscalls counts the
-# release binary's system calls, so they are not repeated here.
+# release binary's system calls, and test_prometheus tests the alerting
+# rules rather than the daemon, so they are not repeated here.
 asan:
 	$(MAKE) SANITIZE=address,undefined CC=clang build/asan/ratelimitd
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
@@ -97,7 +98,8 @@ asan:
 	    --ignore=tests/integration/test_script_boundaries.py \
 	    --ignore=tests/integration/test_script_batches.py \
 	    --ignore=tests/integration/test_allocations.py \
-	    --ignore=tests/integration/test_syscalls.py
+	    --ignore=tests/integration/test_syscalls.py \
+	    --ignore=tests/integration/test_prometheus.py
 
 # Installs the build and test packages when one is missing (Debian).
 deps:
@@ -108,6 +110,7 @@ deps-test:
 test: deps-test
 	$(MAKE) all
 	$(MAKE) unit
+	sh scripts/fetch-prometheus.sh	# for the alerting-rule tests
 	$(MAKE) integration
 	$(MAKE) asan
 	$(MAKE) fuzz FUZZ_SECONDS=20

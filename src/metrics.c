@@ -47,6 +47,8 @@ static struct metrics *metrics_all;
 static char *metrics_names[METRICS_ROUTES_MAX];
 static atomic_uint metrics_nnames;
 static counter_t metrics_reloads[2];
+/* Until a reload fails, and again after one succeeds (see metrics_reload). */
+static atomic_int metrics_last_reload_ok = 1;
 /* Per route id, the results shown at 0 (see metrics_show_routes). */
 static unsigned metrics_shown[METRICS_ROUTES_MAX];
 
@@ -205,6 +207,10 @@ void
 metrics_reload(int ok)
 {
 	atomic_fetch_add(&metrics_reloads[ok ? 0 : 1], 1);
+	/* The counters alone cannot say whether the file on disk is in force:
+	 * an alert on increase(...{result="error"}[10m]) resolves after ten
+	 * minutes while the file that failed is still there, not loaded. */
+	atomic_store(&metrics_last_reload_ok, ok);
 }
 
 /* One Prometheus histogram: per-bucket counts (the last is +Inf) made
@@ -300,6 +306,12 @@ metrics_render(struct evbuffer *out)
 	    "ratelimitd_config_reloads_total{result=\"success\"} %llu\n"
 	    "ratelimitd_config_reloads_total{result=\"error\"} %llu\n",
 	    load(&metrics_reloads[0]), load(&metrics_reloads[1]));
+	evbuffer_add_printf(out,
+	    "# HELP ratelimitd_config_last_reload_successful 0 while the last "
+	    "reload failed: the policy in force is older than the file.\n"
+	    "# TYPE ratelimitd_config_last_reload_successful gauge\n"
+	    "ratelimitd_config_last_reload_successful %d\n",
+	    atomic_load(&metrics_last_reload_ok));
 	evbuffer_add_printf(out,
 	    "# HELP ratelimitd_in_flight Checks waiting for Redis or a shaping delay.\n"
 	    "# TYPE ratelimitd_in_flight gauge\n"

@@ -20,6 +20,7 @@ REQUIRED = {
     "ratelimitd_redis_errors_total": "counter",
     "ratelimitd_redis_connected": "gauge",
     "ratelimitd_config_reloads_total": "counter",
+    "ratelimitd_config_last_reload_successful": "gauge",
     "ratelimitd_in_flight": "gauge",
 }
 

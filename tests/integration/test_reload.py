@@ -230,12 +230,17 @@ def reloads(d, result):
     return scrape(d).get("ratelimitd_config_reloads_total", result=result)
 
 
+def last_reload_ok(d):
+    return scrape(d).get("ratelimitd_config_last_reload_successful")
+
+
 def test_invalid_reload_refused_old_policy_stays(ops_daemon):
     good = policy(route("api", "/api/", fw(3)))
     d = ops_daemon(good)
     assert use_up(d, "k1", 2) == [200, 200]
     before_policy = get_policy(d)
     errors0, ok0 = reloads(d, "error"), reloads(d, "success")
+    assert last_reload_ok(d) == 1                      # none failed yet
 
     bad = policy(route("api", "/api/", fw(50), extra="    bogus_key: 1\n"))
     bad_text = render(d, bad)
@@ -247,6 +252,7 @@ def test_invalid_reload_refused_old_policy_stays(ops_daemon):
     assert wait_until(lambda: reloads(d, "error") >= errors0 + 2, timeout=RELOAD_S), \
         "SIGHUP on a bad file: no reload error counted:\n" + d.log()
     assert reloads(d, "success") == ok0
+    assert last_reload_ok(d) == 0                      # the file is not in force
 
     where = "%s:%d:%d" % (d.policy_path, line, col)
     assert wait_until(lambda: where in d.log(), timeout=1), \
@@ -265,6 +271,7 @@ def test_invalid_reload_refused_old_policy_stays(ops_daemon):
     d.write_policy(policy(route("api", "/api/", fw(6))))
     assert wait_policy_limit(d, "api", 6, timeout=RELOAD_S), d.log()
     assert reloads(d, "success") >= ok0 + 1
+    assert last_reload_ok(d) == 1
     assert use_up(d, "k1", 4) == [200, 200, 200, 429]
 
 
