@@ -41,7 +41,7 @@ DEBS_RUN   = redis-server redis-tools
 # which its libclang-common only recommends (--no-install-recommends leaves
 # them out).
 DEBS_TEST  = python3-pytest python3-redis python3-requests nginx-light clang \
-	     libclang-rt-dev wrk strace
+	     libclang-rt-dev wrk strace stunnel4 openssl
 
 .PHONY: all clean test unit integration asan run bench deps deps-test fuzz
 

@@ -264,7 +264,16 @@ on_disconnect(const redisAsyncContext *ac, int status)
 	(void)status;
 	if (st == NULL || st->st_ac != ac)
 		return;
-	if (!st->st_logged_down)
+	/* Closed (or answered with something not RESP) before the handshake
+	 * was done: what a Redis that accepts only TLS does to a plain
+	 * connection, as managed ones often do, and what a server that is not
+	 * Redis does. The log names the likely causes along with the fact. */
+	if (!st->st_logged_down && st->st_state == STORE_CONNECTING && st->st_tcp_up)
+		log_warnx("%s: disconnected during the handshake%s%s (a Redis that "
+		    "accepts only TLS, or a server that is not Redis, does this; "
+		    "see \"Redis over TLS\" in the README)", st->st_who,
+		    ac->errstr[0] ? ": " : "", ac->errstr[0] ? ac->errstr : "");
+	else if (!st->st_logged_down)
 		log_warnx("%s: disconnected%s%s", st->st_who,
 		    ac->errstr[0] ? ": " : "", ac->errstr[0] ? ac->errstr : "");
 	st->st_logged_down = 1;
