@@ -204,7 +204,11 @@ def test_untrusted_certificate_keeps_redis_unreachable(tls_setup, daemon_on):
     d = daemon_on(tunnel)
     time.sleep(1.5)
     assert not ready(d)
-    assert "disconnected during the handshake" in d.log(), d.log()
+    # The tunnel accepts, then closes once its own handshake fails: before
+    # or after the daemon's connect completes, whichever the scheduler
+    # makes it.
+    assert ("disconnected during the handshake" in d.log() or
+            "connect failed: Connection reset by peer" in d.log()), d.log()
     x = requests.get(d.url("/check/api/x"), headers={"X-Key": "k"}, timeout=2)
     assert x.status_code == 200 and x.headers["X-RateLimit-Remaining"] == "-1"
     assert r.client().keys("*") == []
