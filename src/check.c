@@ -488,7 +488,10 @@ check_on_reply(void *arg, const struct store_result *res)
 		denycache_put(w->w_denycache, ck->ck_config, ck->ck_route, ck->ck_set,
 		    ck->ck_client, ck->ck_cost, &ck->ck_verdict, ck->ck_sent_us,
 		    mono_us(), store_links(w->w_store));
-	if (ck->ck_verdict.allowed && ck->ck_verdict.delay_ms > 0 && !w->w_draining) {
+	/* Held while draining too: a verdict that arrives after SIGTERM must
+	 * not pass ahead of the holds already waiting (all are released at
+	 * their turn, or at drain_timeout). */
+	if (ck->ck_verdict.allowed && ck->ck_verdict.delay_ms > 0) {
 		struct timeval tv = tv_us(ck->ck_verdict.delay_ms * 1000);
 
 		/* Shaping: the reply waits for its turn on a loop timer, unless

@@ -351,6 +351,39 @@ conn_out_append(struct conn *c, const char *data, size_t len)
 	c->c_out_len += len;
 }
 
+/*
+ * The peer left (EOF, a reset, or a write that failed) while a handler holds
+ * its reply on purpose: a held reply goes nowhere, so the handler answers
+ * now, into the void, and the connection and its slot are freed at once.
+ * (Half-close counts, as nginx takes it for a client that left: 499.)
+ */
+static void
+conn_tell_gone(struct conn *c)
+{
+	request_gone_cb gone = c->c_req.rq_gone_cb;
+
+	if (!c->c_pending || gone == NULL)
+		return;
+	c->c_dead = 1;
+	c->c_req.rq_gone_cb = NULL;
+	c->c_processing = 1;	/* the reply must not free c under us */
+	gone(c->c_req.rq_gone_arg);
+	c->c_processing = 0;
+}
+
+/* Reading paused behind a held reply: the read event cannot tell that the
+ * peer left, so poll for it now and then. */
+#define SERVER_GONE_POLL_US	 250000
+
+static int
+conn_peer_left(const struct conn *c)
+{
+	struct pollfd p = { .fd = c->c_fd, .events = POLLRDHUP };
+
+	return poll(&p, 1, 0) == 1 &&
+	    (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 static void
 on_write(evutil_socket_t fd, short what, void *arg)
 {
@@ -359,6 +392,12 @@ on_write(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	conn_flush(c);
+	if (c->c_dead) {
+		/* A reset seen here first: the read event is gone with it. */
+		conn_tell_gone(c);
+		conn_settle(c);
+		return;
+	}
 	if (c->c_read_paused && !conn_backlogged(c)) {
 		conn_resume_reading(c);
 		conn_process(c);	/* what waited in the buffer; settles c */
@@ -827,6 +866,8 @@ on_read(evutil_socket_t fd, short what, void *arg)
 		/* Full: only pipelined bytes behind a pending request get here. */
 		event_del(c->c_read_ev);
 		c->c_read_paused = 1;
+		if (c->c_req.rq_gone_cb)
+			idle_arm(c, SERVER_GONE_POLL_US);
 		return;
 	}
 	n = read(fd, c->c_in + c->c_in_len, c->c_in_cap - c->c_in_len);
@@ -851,19 +892,7 @@ on_read(evutil_socket_t fd, short what, void *arg)
 		c->c_eof = 1;
 	else
 		c->c_dead = 1;
-	if (c->c_pending && c->c_req.rq_gone_cb) {
-		request_gone_cb gone = c->c_req.rq_gone_cb;
-
-		/* A held reply goes nowhere: its client closed, or at best
-		 * half-closed, which nginx too takes for a client that left
-		 * (499). The handler answers now, into the void, and the
-		 * connection and its slot are freed at once. */
-		c->c_dead = 1;
-		c->c_req.rq_gone_cb = NULL;
-		c->c_processing = 1;	/* the reply must not free c under us */
-		gone(c->c_req.rq_gone_arg);
-		c->c_processing = 0;
-	}
+	conn_tell_gone(c);
 	conn_settle(c);
 }
 
@@ -874,6 +903,14 @@ on_idle(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
+	if (c->c_pending && c->c_read_paused && c->c_req.rq_gone_cb) {
+		if (conn_peer_left(c)) {
+			conn_tell_gone(c);
+			conn_settle(c);
+		} else
+			idle_arm(c, SERVER_GONE_POLL_US);
+		return;
+	}
 	if (!c->c_shut) {
 		long long left = c->c_active_us + c->c_server->s_idle_us -
 		    mono_coarse_us();
@@ -1328,6 +1365,8 @@ request_on_peer_gone(struct http_request *req, request_gone_cb cb, void *arg)
 	}
 	req->rq_gone_cb = cb;
 	req->rq_gone_arg = arg;
+	if (c->c_read_paused)
+		idle_arm(c, SERVER_GONE_POLL_US);
 	return 0;
 }
 

@@ -65,7 +65,8 @@ void request_add_header(struct http_request *req, const char *name,
  * For a reply held on purpose: cb(arg) runs if the client closes (or
  * half-closes) the connection before the reply, and must answer at once;
  * that reply, like any other after the client left, is dropped. Returns -1,
- * setting nothing, when the client has left already: answer now.
+ * with no callback set, when the client has left already: answer now, and
+ * the reply is dropped the same way.
  */
 int request_on_peer_gone(struct http_request *req, request_gone_cb cb,
     void *arg);

@@ -307,3 +307,39 @@ def test_a_signal_during_exit_keeps_the_exit_status(ops_daemon):
         except ProcessLookupError:
             pass
         assert d.proc.wait(10) == 0, (i, d.log())
+
+
+def test_verdict_after_stop_does_not_pass_ahead_of_held_checks(ops_daemon, redis_server):
+    """Checks still with Redis when the stop comes are shaped like the ones
+    already held: released at drain_timeout with them, not answered the
+    moment their verdict arrives, ahead of checks whose turn was earlier."""
+    d = ops_daemon(policy(route("lb", "/lb/", SHAPED.replace("burst: 5", "burst: 20")
+                                % "1/10s"),
+                          server="  drain_timeout: 2s\n", timeout="2s"))
+    request = b"GET /check/lb/x HTTP/1.1\r\nHost: x\r\nX-Key: q\r\n\r\n"
+    first = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+    first.sendall(request)
+    assert b" 200 " in read_reply(first)
+    earlier = []
+    for _ in range(3):                  # turns at 10, 20 and 30 s: held
+        s = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+        s.sendall(request)
+        earlier.append(s)
+    assert held(d, 3)
+    redis_server.client().execute_command("CLIENT", "PAUSE", 600, "ALL")
+    later = []
+    for _ in range(3):                  # turns at 40, 50 and 60 s: with Redis
+        s = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+        s.sendall(request)
+        later.append(s)
+    assert held(d, 6)
+    t0 = terminate(d)
+    answered = []
+    for s in later + earlier:
+        head = read_reply(s)
+        answered.append((head.split(b" ")[1], round(time.monotonic() - t0, 2)))
+        s.close()
+    assert wait_exit(d, 5) == 0, d.log()
+    assert [a[0] for a in answered] == [b"200"] * 6, answered
+    # the later ones no sooner than drain_timeout, like the earlier ones
+    assert min(a[1] for a in answered) >= 1.8, answered

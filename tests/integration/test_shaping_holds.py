@@ -6,6 +6,7 @@ spent, and counted allowed; the access line says 499, nginx's status for a
 client that closed first."""
 import os
 import socket
+import struct
 import time
 
 from conftest import wait_until
@@ -138,3 +139,73 @@ def established(port):
     rows = open("/proc/net/tcp").read().splitlines()[1:]
     return sum(1 for r in rows if r.split()[1].endswith(":%04X" % port)
                and r.split()[3] == "01")
+
+
+def test_client_leaving_behind_a_full_buffer_ends_its_hold(ops_daemon):
+    """Pipelined bytes behind a held request fill the input buffer, so the
+    read event is paused: leaving must still end the hold."""
+    d = ops_daemon(held_policy())
+    first = send_check(d.port)
+    assert reply_status(first) == 200
+    first.close()
+    for how in ("fin", "rst"):
+        s = send_check(d.port)
+        assert wait_until(lambda: in_flight(d) == 1, timeout=3)
+        pad = b"GET /check/free/x HTTP/1.1\r\nHost: t\r\nX-Key: k\r\n\r\n" * 2000
+        s.setblocking(False)
+        sent, t0 = 0, time.monotonic()
+        while sent < len(pad) and time.monotonic() - t0 < 2:
+            try:
+                sent += s.send(pad[sent:])
+            except BlockingIOError:
+                time.sleep(0.01)
+        time.sleep(0.2)
+        if how == "rst":
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        s.close()
+        assert wait_until(lambda: in_flight(d) == 0, timeout=2), (how, in_flight(d))
+
+
+def test_reset_with_replies_unsent_ends_its_hold(ops_daemon):
+    """Earlier replies wait unsent (the client stopped reading), a held one
+    is pending, then the client resets: the failed write must end the hold
+    as the read event would have."""
+    d = ops_daemon(policy(route("lb", "/lb/", HOLD) + route(
+        "free", "/free/", "{algorithm: fixed_window, limit: 100000000, window: 1h}")))
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", d.port))
+    one = b"GET /check/free/x HTTP/1.1\r\nHost: t\r\nX-Key: k\r\n\r\n"
+    sent, last, still = 0, None, 0
+    # Until the kernel's queue stops growing: then the replies of the last
+    # rounds wait in the daemon's own buffer, armed for writing. Small
+    # rounds, so that buffer stays under the backlog that pauses reading
+    # (the held request must still be read).
+    while still < 2 and sent < 200000:
+        s.sendall(one * 50)
+        sent += 50
+        assert wait_until(lambda: scrape(d).sum("ratelimitd_checks_total",
+                                                route="free") == sent, timeout=2), sent
+        q = send_queue(d.port)
+        still, last = (still + 1 if q == last else 0), q
+    # The queue's first passes at once (the loop may take longer than a
+    # turn): then the pipelined one is held.
+    first = send_check(d.port)
+    assert reply_status(first) == 200
+    first.close()
+    s.sendall(b"GET /check/lb/x HTTP/1.1\r\nHost: t\r\nX-Key: k\r\n\r\n")
+    ok = wait_until(lambda: in_flight(d) == 1, timeout=3)
+    assert ok, d.log()[-2000:]
+    time.sleep(0.2)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    s.close()
+    assert wait_until(lambda: in_flight(d) == 0, timeout=2), in_flight(d)
+
+
+def send_queue(port):
+    """Bytes the kernel holds unsent on the daemon's connection on `port`."""
+    for r in open("/proc/net/tcp").read().splitlines()[1:]:
+        f = r.split()
+        if f[1].endswith(":%04X" % port) and f[3] == "01":
+            return int(f[4].split(":")[0], 16)
+    return None
