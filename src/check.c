@@ -65,7 +65,7 @@ struct check {
 	const struct limit_set	*ck_set;
 	long long		 ck_cost;
 	int			 ck_json;	/* /v1/check: reply with a body */
-	char			*ck_raw_key;	/* JSON replies only */
+	json_t			*ck_json_key;	/* JSON replies only: see check_run */
 	char			 ck_client[LIMITER_CLIENT_MAX];
 	struct event		*ck_timer;
 	struct store_call	 ck_call;
@@ -106,7 +106,7 @@ check_get(struct worker *w, struct http_request *req, int json)
 	ck->ck_cost = 1;
 	ck->ck_route = NULL;
 	ck->ck_set = NULL;
-	ck->ck_raw_key = NULL;
+	ck->ck_json_key = NULL;
 	ck->ck_client[0] = '\0';
 	ck->ck_retried = 0;
 	ck->ck_abandoned = 0;
@@ -182,6 +182,13 @@ add_rate_headers(struct http_request *req, const struct limiter_headers *h)
 	add_header(req, "RateLimit", h->ratelimit);
 }
 
+/* A new reference to the check's key for a JSON reply. */
+static json_t *
+key_json(const struct check *ck)
+{
+	return ck->ck_json_key ? json_incref(ck->ck_json_key) : json_string("");
+}
+
 static json_t *
 verdict_json(const struct check *ck, int allowed, int degraded)
 {
@@ -207,9 +214,8 @@ verdict_json(const struct check *ck, int allowed, int degraded)
 		if (degraded && (headline_limit == 0 || l->quota < headline_limit))
 			headline_limit = l->quota;
 	}
-	o = json_pack("{s:b,s:s,s:s,s:I,s:I,s:I,s:I,s:b,s:o}",
-	    "allowed", allowed, "route", ck->ck_route->name,
-	    "key", ck->ck_raw_key ? ck->ck_raw_key : "",
+	o = json_pack("{s:b,s:s,s:o,s:I,s:I,s:I,s:I,s:b,s:o}",
+	    "allowed", allowed, "route", ck->ck_route->name, "key", key_json(ck),
 	    "limit", (json_int_t)headline_limit,
 	    "remaining", (json_int_t)headline_remaining,
 	    "reset", (json_int_t)headline_reset,
@@ -258,10 +264,9 @@ check_finish(struct check *ck, enum check_outcome outcome)
 		break;
 	case OUTCOME_UNLIMITED:
 		if (ck->ck_json)
-			http_reply_json(req, 200, json_pack("{s:b,s:s,s:s,s:b,s:b,s:[]}",
-			    "allowed", 1, "route", route->name, "key",
-			    ck->ck_raw_key ? ck->ck_raw_key : "", "unlimited", 1,
-			    "degraded", 0, "limits"));
+			http_reply_json(req, 200, json_pack("{s:b,s:s,s:o,s:b,s:b,s:[]}",
+			    "allowed", 1, "route", route->name, "key", key_json(ck),
+			    "unlimited", 1, "degraded", 0, "limits"));
 		else
 			request_reply(req, 200, NULL, NULL, 0);
 		break;
@@ -350,8 +355,8 @@ check_finish(struct check *ck, enum check_outcome outcome)
 
 	ck->ck_phase = CHECK_DONE;
 	ck->ck_req = NULL;
-	free(ck->ck_raw_key);
-	ck->ck_raw_key = NULL;
+	json_decref(ck->ck_json_key);
+	ck->ck_json_key = NULL;
 	config_unref(ck->ck_config);
 	ck->ck_config = NULL;
 	LIST_REMOVE(ck, ck_entry);		/* off the active list */
@@ -549,8 +554,6 @@ check_run(struct check *ck, const char *key, size_t keylen, int kind)
 		    OUTCOME_MISSING_KEY);
 		return;
 	}
-	if (ck->ck_json && ck->ck_raw_key == NULL)
-		ck->ck_raw_key = xstrndup(key, keylen);
 	if (kind == POLICY_KEY_GLOBAL)
 		strcpy(ck->ck_client, "*");
 	else if (kind == POLICY_KEY_IP && policy_route_mixes_ip(ck->ck_route)) {
@@ -560,6 +563,12 @@ check_run(struct check *ck, const char *key, size_t keylen, int kind)
 		limiter_encode_client(key, keylen, ck->ck_client + 3);
 	} else
 		limiter_encode_client(key, keylen, ck->ck_client);
+	/* The key as the client sent it, when JSON can carry it: a query value
+	 * decodes to any bytes ("k=%FF"), and one that is not UTF-8 is shown
+	 * as in its Redis key and the log, percent-encoded. */
+	if (ck->ck_json && ck->ck_json_key == NULL &&
+	    (ck->ck_json_key = json_stringn(key, keylen)) == NULL)
+		ck->ck_json_key = json_string(ck->ck_client);
 	if (ck->ck_set == NULL)
 		ck->ck_set = policy_limits(ck->ck_route, key, keylen,
 		    kind == POLICY_KEY_IP);

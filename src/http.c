@@ -15,6 +15,7 @@
 #include "check.h"
 #include "config.h"
 #include "http.h"
+#include "log.h"
 #include "policy.h"
 #include "metrics.h"
 #include "server.h"
@@ -26,6 +27,17 @@ http_reply_json(struct http_request *req, int status, json_t *o)
 {
 	char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
 
+	if (s == NULL) {
+		/* A body that could not be built (json_pack refuses a string
+		 * that is not UTF-8) is our bug, never a reason to crash. */
+		static const char internal[] = "{\"error\":\"internal\"}";
+
+		log_warnx("a JSON reply could not be built; answered 500");
+		request_reply(req, 500, "application/json", internal,
+		    sizeof(internal) - 1);
+		json_decref(o);
+		return;
+	}
 	request_reply(req, status, "application/json", s, strlen(s));
 	free(s);
 	json_decref(o);

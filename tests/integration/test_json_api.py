@@ -365,3 +365,24 @@ def test_path_longer_than_a_check_head_is_refused(start_daemon):
     r = vcheck(d, {"path": "/api/" + "a" * 16380})
     assert r.status_code == 400 and r.json() == {
         "error": 'field "path" is longer than 16384 bytes'}, r.text
+
+
+def test_query_key_that_is_not_utf8(start_daemon):
+    """A query value decodes to any bytes: `k=%FF` made the JSON reply's
+    `key` a string JSON cannot carry, and the worker crashed building it.
+    Such a key is shown percent-encoded, as in its Redis key and the log;
+    one that is UTF-8 (a NUL included) is shown as it is. Each is its own
+    client, and /check counts the same bucket."""
+    d = start_daemon(policy(
+        "  - name: q\n"
+        "    match: {prefix: /q/}\n"
+        "    key: query:k\n"
+        "    limits: [{name: q, algorithm: fixed_window, limit: 3, window: 1h}]\n"))
+    r = vcheck(d, {"path": "/q/x?k=%FF"})
+    assert r.status_code == 200, r.text
+    assert r.json()["key"] == "%FF" and r.json()["remaining"] == 2
+    r = vcheck(d, {"path": "/q/x?k=caf%C3%A9%00x"})
+    assert r.status_code == 200 and r.json()["key"] == "caf\u00e9\u0000x"
+    r = requests.get(d.url("/check/q/x?k=%FF"), timeout=2)
+    assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "1"
+    assert requests.get(d.url("/healthz"), timeout=2).status_code == 200
