@@ -120,6 +120,28 @@ log_warnings(const struct config *c)
 		    "LimitNOFILE) for more", c->max_connections, in_force);
 }
 
+static int
+set_shapes(const struct limit_set *set)
+{
+	for (size_t i = 0; i < set->nlimits; i++)
+		if (set->limits[i].algorithm == ALGORITHM_LEAKY_BUCKET &&
+		    set->limits[i].delay)
+			return 1;
+	return 0;
+}
+
+/* Does the route hold replies (a leaky_bucket with delay: true)? */
+static int
+route_shapes(const struct route *r)
+{
+	if (set_shapes(&r->limits))
+		return 1;
+	for (size_t i = 0; i < r->noverrides; i++)
+		if (set_shapes(&r->overrides[i].set))
+			return 1;
+	return 0;
+}
+
 /* Interns route names for metric labels (stable across reloads), and
  * shows each route's series for the results it can have, from 0. */
 static void
@@ -135,7 +157,8 @@ assign_metric_ids(struct config *c)
 		results[i] = 1u << RESULT_ALLOWED |
 		    1u << (r->shadow ? RESULT_SHADOW_DENIED : RESULT_DENIED) |
 		    1u << (config_route_failure_mode(c, r) == FAILURE_MODE_CLOSED ?
-		    RESULT_FAILED_CLOSED : RESULT_FAILED_OPEN);
+		    RESULT_FAILED_CLOSED : RESULT_FAILED_OPEN) |
+		    (route_shapes(r) ? METRICS_SHOWN_SHAPES : 0);
 	}
 	metrics_show_routes(ids, results, c->nroutes);
 	free(ids);

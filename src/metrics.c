@@ -266,6 +266,26 @@ metrics_render(struct evbuffer *out)
 			    result_names[r], total);
 		}
 	}
+	/* What a route's counts mean depends on how it is set: a shadow
+	 * route's failed_closed and shadow_denied were answered 200, and a
+	 * shaping route's durations include its holds. An alert
+	 * joins on this (`unless on(route) ...{shadow="true"}`): the result
+	 * series alone cannot say, as one counted stays after a reload. */
+	evbuffer_add_printf(out,
+	    "# HELP ratelimitd_route_info The routes in force, with how they answer.\n"
+	    "# TYPE ratelimitd_route_info gauge\n");
+	for (unsigned id = 1; id < n && id < METRICS_ROUTES_MAX - 1; id++) {
+		unsigned shown = metrics_shown[id];
+
+		if (!(shown & (1u << RESULT_ALLOWED)))
+			continue;	/* not in force */
+		evbuffer_add_printf(out, "ratelimitd_route_info{route=\"%s\","
+		    "shadow=\"%s\",failure_mode=\"%s\",shapes=\"%s\"} 1\n",
+		    metrics_names[id],
+		    shown & (1u << RESULT_SHADOW_DENIED) ? "true" : "false",
+		    shown & (1u << RESULT_FAILED_CLOSED) ? "closed" : "open",
+		    shown & METRICS_SHOWN_SHAPES ? "true" : "false");
+	}
 	for (m = metrics_all; m; m = m->next) {
 		for (size_t b = 0; b <= NBUCKETS; b++)
 			buckets[b] += load(&m->buckets[b]);

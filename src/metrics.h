@@ -32,6 +32,8 @@ unsigned metrics_route_id(const char *name);
 /* The routes in force: route ids[i] shows the results in bit mask
  * results[i] (1u << enum check_result) even while they are 0, so a
  * Prometheus rate() sees their first increase. Replaces the last set. */
+/* Beside the results' bits: the route holds replies (shaping). */
+#define METRICS_SHOWN_SHAPES	(1u << RESULT_COUNT)
 void metrics_show_routes(const unsigned *ids, const unsigned *results, size_t n);
 void metrics_check(struct metrics *m, unsigned route_id, enum check_result r,
     uint64_t duration_ns);

@@ -265,13 +265,13 @@ on_disconnect(const redisAsyncContext *ac, int status)
 	if (st == NULL || st->st_ac != ac)
 		return;
 	/* Closed (or answered with something not RESP) before the handshake
-	 * was done: what a Redis that accepts only TLS does to a plain
-	 * connection, as managed ones often do, and what a server that is not
-	 * Redis does. The log names the likely causes along with the fact. */
+	 * was done, with no Redis error to quote: the log lists what does
+	 * this, the TLS-only port of a managed Redis among them. */
 	if (!st->st_logged_down && st->st_state == STORE_CONNECTING && st->st_tcp_up)
-		log_warnx("%s: disconnected during the handshake%s%s (a Redis that "
-		    "accepts only TLS, or a server that is not Redis, does this; "
-		    "see \"Redis over TLS\" in the README)", st->st_who,
+		log_warnx("%s: closed by the server before the handshake finished%s%s "
+		    "(Redis restarting or killed, a proxy or TLS tunnel whose Redis "
+		    "is down, a Redis that accepts only TLS: see \"Redis over TLS\" "
+		    "in the README, or a server that is not Redis)", st->st_who,
 		    ac->errstr[0] ? ": " : "", ac->errstr[0] ? ac->errstr : "");
 	else if (!st->st_logged_down)
 		log_warnx("%s: disconnected%s%s", st->st_who,

@@ -21,6 +21,7 @@ REQUIRED = {
     "ratelimitd_redis_connected": "gauge",
     "ratelimitd_config_reloads_total": "counter",
     "ratelimitd_config_last_reload_successful": "gauge",
+    "ratelimitd_route_info": "gauge",
     "ratelimitd_in_flight": "gauge",
 }
 
@@ -365,3 +366,24 @@ def test_password_never_shown(ops_daemon, tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_route_info_names_the_routes_in_force(ops_daemon):
+    """One series per route in force, saying whether it is a shadow route
+    and how it fails (what its failed_closed and shadow_denied counts
+    mean); a route a reload removed is gone from it."""
+    d = ops_daemon(policy(
+        route("lim", "/api/", fw(3)) +
+        route("trial", "/t/", fw(3), extra="    shadow: true\n    failure_mode: closed\n") +
+        route("smooth", "/s/", '{algorithm: leaky_bucket, rate: "5/s", burst: 5}') +
+        route("police", "/p/", '{algorithm: leaky_bucket, rate: "5/s", burst: 5, delay: false}',
+              extra="    overrides:\n      - keys: [vip]\n        limits: [{algorithm: "
+                    'leaky_bucket, rate: "9/s", burst: 9, delay: true}]\n')))
+    info = {(l["route"], l["shadow"], l["failure_mode"], l["shapes"])
+            for n, l, v in scrape(d).samples if n == "ratelimitd_route_info" and v == 1}
+    assert info == {("lim", "false", "open", "false"), ("trial", "true", "closed", "false"),
+                    ("smooth", "false", "open", "true"),     # delay: true is the default
+                    ("police", "false", "open", "true")}, info  # an override shapes
+    d.write_policy(policy(route("lim", "/api/", fw(3))))
+    assert wait_until(lambda: {l["route"] for n, l, v in scrape(d).samples
+                               if n == "ratelimitd_route_info"} == {"lim"}, timeout=5)

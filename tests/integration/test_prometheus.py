@@ -37,7 +37,9 @@ pytestmark = pytest.mark.skipif(
 
 LIMIT = "{algorithm: fixed_window, limit: 1000000, window: 1h}"
 POLICY = policy(route("api", "/api/", LIMIT) +
-                route("login", "/login/", LIMIT, extra="    failure_mode: closed\n"))
+                route("login", "/login/", LIMIT, extra="    failure_mode: closed\n") +
+                route("trial", "/trial/", LIMIT,
+                      extra="    failure_mode: closed\n    shadow: true\n"))
 
 
 def test_shipped_rules_pass_promtool():
@@ -136,6 +138,7 @@ def wait_firing(prom, want, d, timeout=30):
     while time.monotonic() < deadline:
         checks(d, 20, "/check/api/x")
         checks(d, 20, "/check/login/x")
+        checks(d, 20, "/check/trial/x")
         got = prom.firing()
         if want <= got:
             return got
@@ -167,9 +170,12 @@ def test_alerts_fire_on_the_daemons_own_metrics(ops_daemon, prometheus, redis_se
 
     # Redis gone.
     redis_server.kill()
-    wait_firing(prom, {("RatelimitdRedisDown", None),
-                       ("RatelimitdFailingOpen", "api"),
-                       ("RatelimitdFailingClosed", "login")}, d)
+    got = wait_firing(prom, {("RatelimitdRedisDown", None),
+                             ("RatelimitdFailingOpen", "api"),
+                             ("RatelimitdFailingClosed", "login")}, d)
+    # The shadow route counts failed_closed too, but let every check through.
+    assert prom.query('ratelimitd_checks_total{route="trial",result="failed_closed"} > 0')
+    assert ("RatelimitdFailingClosed", "trial") not in got, got
 
     # A policy file the daemon refuses, until it is put right.
     with open(d.policy_path) as f:

@@ -16,10 +16,10 @@ from ops_helpers import ops_daemon, policy, route, scrape  # noqa: F401
 HOLD = '{algorithm: leaky_bucket, rate: "1/10s", burst: 50, delay: true}'
 
 
-def held_policy(server=""):
+def held_policy(server="", timeout="50ms"):
     return policy(route("lb", "/lb/", HOLD) + route(
         "free", "/free/", "{algorithm: fixed_window, limit: 100, window: 1h}"),
-        server=server, top="log:\n  access: true\n")
+        server=server, top="log:\n  access: true\n", timeout=timeout)
 
 
 def send_check(port, path="/check/lb/x", key="k"):
@@ -94,6 +94,31 @@ def test_half_closed_client_ends_its_hold_and_gets_no_early_reply(ops_daemon):
     assert time.monotonic() - t0 < 2
     assert wait_until(lambda: in_flight(d) == 0, timeout=2)
     s.close()
+
+
+def test_client_gone_before_its_verdict_is_not_held(ops_daemon, redis_server):
+    """A client that leaves while its check is still with Redis: when the
+    verdict comes, its hold never starts (499), rather than keeping a
+    CLOSE-WAIT socket until its turn."""
+    d = ops_daemon(held_policy(timeout="2s"))
+    first = send_check(d.port)
+    assert reply_status(first) == 200
+    first.close()
+    redis_server.client().execute_command("CLIENT", "PAUSE", 500, "ALL")
+    s = send_check(d.port)
+    assert wait_until(lambda: in_flight(d) == 1, timeout=3)
+    s.close()                                   # before the verdict (0.5 s)
+    lb = lambda: [l for l in d.log().splitlines() if "route=lb" in l]  # noqa: E731
+    assert wait_until(lambda: len(lb()) == 2, timeout=3), d.log()
+    assert "status=499" in lb()[1], lb()
+    assert in_flight(d) == 0
+    assert wait_until(lambda: close_wait(d.port) == 0, timeout=1), close_wait(d.port)
+
+
+def close_wait(port):
+    rows = open("/proc/net/tcp").read().splitlines()[1:]
+    return sum(1 for r in rows if r.split()[1].endswith(":%04X" % port)
+               and r.split()[3] == "08")
 
 
 def test_client_that_stays_still_gets_its_turn(ops_daemon):
