@@ -2719,11 +2719,15 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 			check_override_keys_unique(ld, &d.r, d.node);
 			warn_override_keys_unmatched(ld, &d.r, d.node);
 		}
+		/* The first copy only: naming every earlier one made n copies
+		 * n²/2 errors (a 10 KB file of 1,000 gave 499,500 lines). */
 		for (size_t j = 0; d.r.name && j < nnames; j++)
-			if (strcmp(names[j], d.r.name) == 0)
+			if (strcmp(names[j], d.r.name) == 0) {
 				node_error(ld, d.name_nd, "route: duplicate route name "
 				    "\"%s\" (first at %d:%d)", echo(ld, d.r.name),
 				    name_nds[j]->line, name_nds[j]->col);
+				break;
+			}
 		if (d.r.name) {
 			name_nds[nnames] = d.name_nd;
 			names[nnames++] = xstrdup(d.r.name);
