@@ -505,8 +505,7 @@ check_on_reply(void *arg, const struct store_result *res)
 		 * buffers and a connection slot, for as long as the hold). */
 		event_del(ck->ck_timer);
 		if (request_on_peer_gone(ck->ck_req, check_on_peer_gone, ck) == -1) {
-			ck->ck_abandoned = 1;
-			check_finish(ck, OUTCOME_VERDICT);
+			check_on_peer_gone(ck);
 			return;
 		}
 		ck->ck_phase = CHECK_DELAYED;

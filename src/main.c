@@ -120,12 +120,13 @@ log_warnings(const struct config *c)
 		    "LimitNOFILE) for more", c->max_connections, in_force);
 }
 
+/* delay is set only on a leaky_bucket (the loader refuses it elsewhere),
+ * as the limiter reads it too. */
 static int
 set_shapes(const struct limit_set *set)
 {
 	for (size_t i = 0; i < set->nlimits; i++)
-		if (set->limits[i].algorithm == ALGORITHM_LEAKY_BUCKET &&
-		    set->limits[i].delay)
+		if (set->limits[i].delay)
 			return 1;
 	return 0;
 }

@@ -29,11 +29,12 @@ struct metrics;
 struct metrics *metrics_new(void);
 /* The id of a route name for labels; 0 is the empty route (no match). */
 unsigned metrics_route_id(const char *name);
+/* Beside the results' bits in metrics_show_routes: the route holds
+ * replies (shaping), for ratelimitd_route_info. */
+#define METRICS_SHOWN_SHAPES	(1u << RESULT_COUNT)
 /* The routes in force: route ids[i] shows the results in bit mask
  * results[i] (1u << enum check_result) even while they are 0, so a
  * Prometheus rate() sees their first increase. Replaces the last set. */
-/* Beside the results' bits: the route holds replies (shaping). */
-#define METRICS_SHOWN_SHAPES	(1u << RESULT_COUNT)
 void metrics_show_routes(const unsigned *ids, const unsigned *results, size_t n);
 void metrics_check(struct metrics *m, unsigned route_id, enum check_result r,
     uint64_t duration_ns);

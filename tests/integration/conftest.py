@@ -38,6 +38,19 @@ def wait_until(pred, timeout=5.0, interval=0.02):
     return False
 
 
+def terminate_process(proc, timeout=10):
+    """SIGTERM a helper process (Prometheus, stunnel) and reap it; SIGKILL
+    if it has not exited within `timeout`."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def all_stopped(pid):
     """Every thread of `pid` has stopped. kill(SIGSTOP) returns before the
     threads do: each stops itself once it is scheduled, and until then a

@@ -18,7 +18,7 @@ import time
 import pytest
 import requests
 
-from conftest import free_port, wait_until
+from conftest import free_port, terminate_process, wait_until
 from ops_helpers import ops_daemon, policy, route, terminate, wait_exit  # noqa: F401
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -103,12 +103,7 @@ class Prometheus:
             return f.read()[-4000:]
 
     def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        terminate_process(self.proc)
         self.log.close()
 
 

@@ -10,7 +10,6 @@ Skipped only when there is no stunnel or openssl binary (`make test`
 installs both)."""
 import os
 import shutil
-import signal
 import subprocess
 import time
 
@@ -18,7 +17,7 @@ import pytest
 import redis
 import requests
 
-from conftest import Daemon, free_port, wait_until
+from conftest import Daemon, free_port, terminate_process, wait_until
 from ops_helpers import fw, policy, route
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -146,13 +145,8 @@ def tls_setup(tmp_path):
     for p in procs:
         if isinstance(p, TlsRedis):
             p.stop()
-        elif p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        else:
+            terminate_process(p, timeout=5)
 
 
 def port_open(port):

@@ -116,9 +116,7 @@ def test_client_gone_before_its_verdict_is_not_held(ops_daemon, redis_server):
 
 
 def close_wait(port):
-    rows = open("/proc/net/tcp").read().splitlines()[1:]
-    return sum(1 for r in rows if r.split()[1].endswith(":%04X" % port)
-               and r.split()[3] == "08")
+    return len(tcp_rows(port, "08"))
 
 
 def test_client_that_stays_still_gets_its_turn(ops_daemon):
@@ -159,11 +157,15 @@ def test_held_connections_free_their_slots(ops_daemon):
     s.close()
 
 
+def tcp_rows(port, state):
+    """/proc/net/tcp's rows (split) for the daemon's end of its IPv4
+    connections on `port` in `state` ("01" established, "08" CLOSE-WAIT)."""
+    rows = [r.split() for r in open("/proc/net/tcp").read().splitlines()[1:]]
+    return [f for f in rows if f[1].endswith(":%04X" % port) and f[3] == state]
+
+
 def established(port):
-    """The daemon's established connections on `port` (IPv4)."""
-    rows = open("/proc/net/tcp").read().splitlines()[1:]
-    return sum(1 for r in rows if r.split()[1].endswith(":%04X" % port)
-               and r.split()[3] == "01")
+    return len(tcp_rows(port, "01"))
 
 
 def test_client_leaving_behind_a_full_buffer_ends_its_hold(ops_daemon):
@@ -229,8 +231,5 @@ def test_reset_with_replies_unsent_ends_its_hold(ops_daemon):
 
 def send_queue(port):
     """Bytes the kernel holds unsent on the daemon's connection on `port`."""
-    for r in open("/proc/net/tcp").read().splitlines()[1:]:
-        f = r.split()
-        if f[1].endswith(":%04X" % port) and f[3] == "01":
-            return int(f[4].split(":")[0], 16)
-    return None
+    rows = tcp_rows(port, "01")
+    return int(rows[0][4].split(":")[0], 16) if rows else None
