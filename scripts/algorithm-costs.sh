@@ -74,7 +74,7 @@ for a in $algorithms; do
 	t=1700000000000000
 	k=0
 	while [ "$k" -lt 100 ]; do
-		cli evalsha "$sha" 1 "$key" "$t" 1 1 "$a" "$1" "$2" "$3" >/dev/null
+		cli evalsha "$sha" 1 "$key" "$t" 1 1 "$a" "$1" "$2" "$3" 1 1 >/dev/null
 		t=$((t + step)); k=$((k + 1))
 	done
 	mem=$(cli memory usage "$key" samples 0)
@@ -86,7 +86,7 @@ for a in $algorithms; do
 	esac
 	cli config resetstat >/dev/null
 	redis-benchmark -s "$sock" -n "$n" -r 10000 -c 4 -q \
-		evalsha "$sha" 1 "rl:{bench:__rand_int__}:l:$a" 0 1 1 "$a" "$1" "$2" "$3" >/dev/null
+		evalsha "$sha" 1 "rl:{bench:__rand_int__}:l:$a" 0 1 1 "$a" "$1" "$2" "$3" 1 1 >/dev/null
 	stats=$(cli info commandstats | grep '^cmdstat_evalsha:')
 	usec=$(echo "$stats" | sed -n 's/.*usec_per_call=\([0-9.]*\).*/\1/p')
 	calls=$(echo "$stats" | sed -n 's/.*[:,]calls=\([0-9]*\).*/\1/p')
@@ -97,10 +97,11 @@ for a in $algorithms; do
 	fi
 	# The same checks eight to a call, as the daemon batches them.
 	set -- "$1" "$2" "$3"
-	bkeys="" bargs=""
+	# (one limit set, then eight checks of set 1 at cost 1)
+	bkeys="" bargs="1 1 $a $1 $2 $3"
 	for j in 1 2 3 4 5 6 7 8; do
 		bkeys="$bkeys rl:{bench:__rand_int__$j}:l:$a"
-		bargs="$bargs 1 1 $a $1 $2 $3"
+		bargs="$bargs 1 1"
 	done
 	cli config resetstat >/dev/null
 	# shellcheck disable=SC2086

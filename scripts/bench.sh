@@ -305,11 +305,13 @@ ceiling_redis() {
 	sha=$(rcli -x SCRIPT LOAD <"$LUA") || { err "SCRIPT LOAD failed"; return; }
 	[[ $sha =~ ^[0-9a-f]{40}$ ]] || { err "SCRIPT LOAD answered: $sha"; return; }
 	SCRIPT_SHA=$sha
-	# The daemon's call for route fw, one fixed_window limit of 1000000 per 1h.
+	# The daemon's call for one check on route fw: the time (0: Redis TIME),
+	# one limit set (one fixed_window limit of 1000000 per 1h), then the
+	# check, of set 1 at cost 1.
 	key='rl:{fw:__rand_int__}:fixed_window:fixed_window'
-	local -a cmd=(EVALSHA "$sha" 1 "$key" 0 1 1 fixed_window 1000000 3600000000 0)
+	local -a cmd=(EVALSHA "$sha" 1 "$key" 0 1 1 fixed_window 1000000 3600000000 0 1 1)
 	local reply
-	reply=$(rcli EVALSHA "$sha" 1 'rl:{fw:probe}:fixed_window:fixed_window' 0 1 1 fixed_window 1000000 3600000000 0 | head -1)
+	reply=$(rcli EVALSHA "$sha" 1 'rl:{fw:probe}:fixed_window:fixed_window' 0 1 1 fixed_window 1000000 3600000000 0 1 1 | head -1)
 	[[ $reply == 1 ]] || { err "EVALSHA probe did not allow: $reply"; return; }
 
 	# redis-benchmark runs a request count, not a duration: warm up in

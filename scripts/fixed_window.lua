@@ -12,29 +12,29 @@
 -- build without `w` gets it, and its expiry, on its next charge.
 if USED.fixed_window then
 -- The window starting at `start`, holding n, with its expiry at its end.
--- `call` is redis.call for a charge; redis.pcall for the housekeeping a
+-- `cmd` is redis.call for a charge; redis.pcall for the housekeeping a
 -- check does before its verdict, which under maxmemory Redis refuses (OOM)
 -- when it is the call's first write: the check is then still decided on
 -- the count it read (a denied client stays denied) rather than failing by
 -- its failure mode. True if written.
-local function fw_write(call, key, now, start, n, window)
-  local r = call('HSET', key, 's', fmt_int(start), 'n', fmt_int(n), 'w', fmt_int(window))
+local function fw_write(cmd, key, now, start, n, window)
+  local r = cmd('HSET', key, 's', fmt_int(start), 'n', fmt_int(n), 'w', fmt_int(window))
   if type(r) == 'table' and r.err then return false end
-  call('PEXPIRE', key, fmt_int(expiry_ms(start + window - now)))
+  cmd('PEXPIRE', key, fmt_int(expiry_ms(start + window - now)))
   return true
 end
 
 ALGORITHMS.fixed_window = {
-  check = function(key, now, cost, limit, window)
-    local start = math.floor(now / window) * window
-    local state = redis.call('HMGET', key, 's', 'n', 'w')
+  check = function(r, key, now, cost, limit, window)
+    local start = floor(now / window) * window
+    local state = call('HMGET', key, 's', 'n', 'w')
     local count = 0
     local expiry_set = false   -- for this window length: a charge adds only
     -- The stored numbers are compared as the strings this script writes
     -- (formatted once per call) before as numbers: strtod is dear here.
-    if state[1] == fmt_int(start) or tonumber(state[1]) == start then
+    if state[1] == (formatted[start] or fmt_int(start)) or tonumber(state[1]) == start then
       count = tonumber(state[2]) or 0
-      expiry_set = count > 0 and (state[3] == fmt_int(window)
+      expiry_set = count > 0 and (state[3] == (formatted[window] or fmt_int(window))
                                   or tonumber(state[3]) == window)
     else
       -- A count kept for a window of another length (a reload changed it)
@@ -66,25 +66,23 @@ ALGORITHMS.fixed_window = {
         retry = until_end
       end
     end
-    return {
-      allowed = allowed,
-      remaining = limit - count,
-      remaining_after = limit - count - cost,
-      reset = (count > 0) and until_end or 0,
-      reset_after = until_end,
-      retry = retry,
-      delay = 0,
-      start = start,
-      count = count,
-      expiry_set = expiry_set,
-    }
+    r.allowed = allowed
+    r.remaining = limit - count
+    r.remaining_after = limit - count - cost
+    r.reset = (count > 0) and until_end or 0
+    r.reset_after = until_end
+    r.retry = retry
+    r.delay = 0
+    r.start = start
+    r.count = count
+    r.expiry_set = expiry_set
   end,
-  commit = function(key, now, cost, r, limit, window)
+  commit = function(r, key, now, cost, limit, window)
     if r.expiry_set then
-      redis.call('HINCRBY', key, 'n', fmt_int(cost))
+      call('HINCRBY', key, 'n', formatted[cost] or fmt_int(cost))
       return
     end
-    fw_write(redis.call, key, now, r.start, r.count + cost, window)
+    fw_write(call, key, now, r.start, r.count + cost, window)
   end,
 }
 end

@@ -12,10 +12,9 @@
 if USED.leaky_bucket then ALGORITHMS.leaky_bucket = {
   -- gcra's computation (meter_check in lib.lua), plus the delay: the time
   -- the queue ahead of an admitted request takes to drain.
-  check = function(key, now, cost, burst, n, period)
-    local r = meter_check(key, now, cost, burst, n, period)
+  check = function(r, key, now, cost, burst, n, period)
+    meter_check(r, key, now, cost, burst, n, period)
     r.delay = r.reset
-    return r
   end,
   commit = meter_commit,
 } end

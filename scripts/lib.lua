@@ -2,18 +2,22 @@
 --
 -- The daemon sends one script: this file, then every algorithm file, then
 -- main.lua, concatenated at build time. Each algorithm registers itself in
--- ALGORITHMS under its policy name with two functions:
+-- ALGORITHMS under its policy name with two functions, and optionally hold:
 --
---   check(key, now, cost, a, b, c) -> r
+--   check(r, key, now, cost, a, b, c)
 --     Reads the state at `key` and decides without charging (it may drop
 --     entries that no longer count: housekeeping). `now` is in
---     microseconds. r must have: allowed (bool), remaining (before charge),
---     remaining_after (if charged), reset (us until full, before charge),
---     reset_after (us until full, if charged), retry (us until a request of
---     this cost could pass, 0 when allowed), delay (us an allowed request must
---     be held before it may proceed; 0 except for shaping algorithms).
---   commit(key, now, cost, r, a, b, c)
+--     microseconds. It fills r, a table reused from check to check (so it
+--     sets every field it or its commit reads): allowed (bool), remaining
+--     (before charge), remaining_after (if charged), reset (us until full,
+--     before charge), reset_after (us until full, if charged), retry (us
+--     until a request of this cost could pass, 0 when allowed), delay (us
+--     an allowed request must be held before it may proceed; 0 except for
+--     shaping algorithms), and whatever its commit needs.
+--   commit(r, key, now, cost, a, b, c)
 --     Writes the charged state, with an expiry no longer than it matters.
+--   hold(r, key)
+--     On a denial: keeps the state's expiry right (see hold_for_reset).
 --
 -- Numbers that become part of a string go through fmt_int: Lua's own
 -- number-to-string conversion (tostring, `..`) uses "%.14g", which would
@@ -21,78 +25,119 @@
 -- number argument with "%.17g" on Redis 7.0, exact for these integers; the
 -- scripts pass fmt_int strings there too, so every stored number has one
 -- form whatever the Redis version.)
+--
+-- What a check costs Redis is mostly Lua's. Under callgrind (see
+-- scripts/script-instructions.py) one VM instruction is 50-150 machine
+-- instructions, a Lua function call about 300-500, a table constructor of
+-- ten fields about 4,300 and a tonumber of a string about 1,500 (strtod,
+-- twice), against 8,000-10,000 for a redis.call. Hence the shapes below:
+-- the globals used per check read once into locals, no table built per
+-- check, each distinct argument string converted once. (Each upvalue a
+-- closure captures costs its creation a walk of the open upvalues, about
+-- 500 here, once per call: cheaper than a global read per check.)
+
+local call = redis.call
+local floor, ceil = math.floor, math.ceil
+local tonumber = tonumber
+local KEYS, ARGV = KEYS, ARGV
 
 local ALGORITHMS = {}
 
--- The batch is read and checked whole before anything is decided, so a
--- malformed call is refused having changed nothing. BATCH holds four
--- entries per check: cost, limit count, index of its first limit in ARGV,
--- index before its first key in KEYS. PARAMS holds each limit's a, b, c as
--- numbers at their ARGV indexes, so they are converted once. BAD names the
--- first problem.
+-- The call, read and checked whole before anything is decided, so a
+-- malformed call is refused having changed nothing:
+--
+--   ARGV[2]    S, the number of limit sets the call uses (>= 1)
+--   S times:   n (>= 1), then n times: algorithm name, a, b, c
+--   per check: the index of its set (1..S), its cost (integer >= 1)
+--
+-- A route's limits are sent once per call however many of its checks the
+-- call carries, and each check is two short strings: the parameters of a
+-- route with three limits were fourteen strings per check, each interned
+-- by Redis and converted by the script.
+--
+-- LIMITS holds each limit's algorithm name and its a, b, c as numbers, at
+-- 4l-3 .. 4l for limit l, numbered across the sets. SETS holds each set's
+-- number of limits before it and its own count, at 2s-1 and 2s. The checks
+-- start at ARGV[CHECKS_AT]; main.lua reads them again from there, their
+-- strings already converted in NUM. BAD names the first problem. (Each
+-- table a call builds costs it an allocation, hence few and flat ones.)
 --
 -- Only the algorithms this call names are built (USED). Redis runs the whole
 -- script body on every call, so defining all six (tables and closures) cost
 -- about 4 us per call; each algorithm file wraps its definition in `if
 -- USED.x`.
---
--- Every check of a route sends the same numbers (cost 1, its limits'
--- parameters), and tonumber of a string runs strtod twice, so each distinct
--- string is converted once per call (argnum): converting them all was a
--- tenth of the script's time on a route with three limits.
-local BATCH = {}
-local PARAMS = {}
-local USED = {}
+local LIMITS, SETS, NUM, USED = {}, {}, {}, {}
+local CHECKS_AT, MAX_LIMITS = 0, 0
 local BAD = nil
 do
-  local converted = {}
+  -- Every check of a route sends the same strings, and tonumber of a
+  -- string runs strtod twice, so each distinct string is converted once.
   local function argnum(s)
     if s == nil then return nil end   -- past the end of ARGV
-    local x = converted[s]
+    local x = NUM[s]
     if x == nil then
       x = tonumber(s) or false
-      converted[s] = x
+      NUM[s] = x
     end
     return x or nil
   end
-  local arg, key = 2, 0
-  while arg <= #ARGV do
-    local cost, n = argnum(ARGV[arg]), argnum(ARGV[arg + 1])
-    if cost == nil or cost < 1 or cost > 1e15 or cost ~= math.floor(cost) then
-      BAD = 'bad cost'
-      break
-    end
-    if n == nil or n < 1 or n ~= math.floor(n) or key + n > #KEYS
-        or arg + 1 + 4 * n > #ARGV then
-      BAD = 'bad limit count'
-      break
-    end
-    for j = 0, n - 1 do
-      local at = arg + 2 + 4 * j
-      local a, b, c = argnum(ARGV[at + 1]), argnum(ARGV[at + 2]), argnum(ARGV[at + 3])
-      if a == nil or b == nil or c == nil then
-        BAD = 'bad limit parameters'
+  local nargv = #ARGV
+  local nsets = argnum(ARGV[2])
+  local arg, nlimits = 3, 0
+  if nsets == nil or nsets < 1 or nsets ~= floor(nsets) or 2 + 5 * nsets > nargv then
+    BAD = 'bad set count'
+  else
+    for s = 1, nsets do
+      local n = argnum(ARGV[arg])
+      if n == nil or n < 1 or n ~= floor(n) or arg + 4 * n > nargv then
+        BAD = 'bad limit count'
         break
       end
-      PARAMS[at + 1], PARAMS[at + 2], PARAMS[at + 3] = a, b, c
-      USED[ARGV[at]] = true
+      SETS[2 * s - 1], SETS[2 * s] = nlimits, n
+      if n > MAX_LIMITS then MAX_LIMITS = n end
+      for at = arg + 1, arg + 4 * n, 4 do
+        local name = ARGV[at]
+        local a, b, c = argnum(ARGV[at + 1]), argnum(ARGV[at + 2]), argnum(ARGV[at + 3])
+        if a == nil or b == nil or c == nil then
+          BAD = 'bad limit parameters'
+          break
+        end
+        local l4 = 4 * nlimits
+        LIMITS[l4 + 1], LIMITS[l4 + 2], LIMITS[l4 + 3], LIMITS[l4 + 4] = name, a, b, c
+        nlimits = nlimits + 1
+        USED[name] = true
+      end
+      if BAD then break end
+      arg = arg + 1 + 4 * n
     end
-    if BAD then break end
-    local b = #BATCH
-    BATCH[b + 1], BATCH[b + 2], BATCH[b + 3], BATCH[b + 4] = cost, n, arg + 2, key
-    arg = arg + 2 + 4 * n
-    key = key + n
   end
-  if BAD == nil and key ~= #KEYS then BAD = 'more keys than limits' end
+  CHECKS_AT = arg
+  local key, nkeys = 0, #KEYS
+  while BAD == nil and arg <= nargv do
+    local s, cost = argnum(ARGV[arg]), argnum(ARGV[arg + 1])
+    local n = s and SETS[2 * s]
+    if n == nil or s < 1 or s ~= floor(s) then
+      BAD = 'bad set index'
+    elseif cost == nil or cost < 1 or cost > 1e15 or cost ~= floor(cost) then
+      BAD = 'bad cost'
+    elseif key + n > nkeys then
+      BAD = 'more limits than keys'
+    else
+      key = key + n
+      arg = arg + 2
+    end
+  end
+  if BAD == nil and key ~= nkeys then BAD = 'more keys than limits' end
 end
 
 -- Formatting is sprintf, and many of the numbers a call writes repeat from
 -- check to check (the cost, the time, a window), so each is formatted once.
 local formatted = {}
+local format = string.format
 local function fmt_int(x)
   local s = formatted[x]
   if s == nil then
-    s = string.format('%.0f', x)
+    s = format('%.0f', x)
     formatted[x] = s
   end
   return s
@@ -102,7 +147,7 @@ end
 -- wait that long is never early.
 local function us_to_ms_ceil(us)
   if us <= 0 then return 0 end
-  return math.ceil(us / 1000)
+  return ceil(us / 1000)
 end
 
 -- The expiry, in ms, for state that matters `us` longer. Redis counts it
@@ -115,7 +160,7 @@ local function expiry_ms(us)
 end
 
 local function expire_in_us(key, us)
-  redis.call('PEXPIRE', key, fmt_int(expiry_ms(us)))
+  call('PEXPIRE', key, fmt_int(expiry_ms(us)))
 end
 
 -- A denied check charges nothing, but its state may have been written
@@ -125,7 +170,7 @@ end
 -- the algorithms whose expiry depends on those numbers; a fixed window
 -- carries its count itself, and gcra's and the leaky bucket's state is a
 -- time, its expiry that time.
-local function hold_for_reset(key, r)
+local function hold_for_reset(r, key)
   if r.reset > 0 then expire_in_us(key, r.reset) end
 end
 
@@ -134,7 +179,7 @@ local function now_us()
   if forced ~= nil and forced ~= '' and forced ~= '0' then
     return tonumber(forced)
   end
-  local t = redis.call('TIME')
+  local t = call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 
@@ -165,13 +210,13 @@ local function rat_decode(s, origin, den, round_up)
     if d == den then return (i - origin) * den + r end
     x = (i - origin) * den + r * den / d
   end
-  if round_up then return math.ceil(x) end
-  return math.floor(x)
+  if round_up then return ceil(x) end
+  return floor(x)
 end
 
 -- Encodes origin + x/den exactly (x an integer >= 0).
 local function rat_encode(origin, x, den)
-  local whole = math.floor(x / den)
+  local whole = floor(x / den)
   local r = x - whole * den
   if r == 0 then return fmt_int(origin + whole) end
   return fmt_int(origin + whole) .. '+' .. fmt_int(r) .. '/' .. fmt_int(den)
@@ -184,12 +229,12 @@ end
 --   max(stored, now) + c*per - now <= burst * per
 -- so a fresh client gets exactly `burst` at once. The result's delay is 0;
 -- leaky_bucket sets its own.
-local function meter_check(key, now, cost, burst, n, period)
+local function meter_check(r, key, now, cost, burst, n, period)
   local g = gcd(n, period)
   local per, den = period / g, n / g
   local cap = burst * per              -- a full meter, empty after burst/rate
   local d = 0                          -- max(stored - now, 0)
-  local s = redis.call('GET', key)
+  local s = call('GET', key)
   if s then
     d = rat_decode(s, now, den, true)
     if d < 0 then d = 0 end
@@ -199,25 +244,23 @@ local function meter_check(key, now, cost, burst, n, period)
   local retry = 0
   if not allowed then
     if cost > burst then
-      retry = math.ceil(d / den) + math.ceil(cap / den)  -- never passes; a hint
+      retry = ceil(d / den) + ceil(cap / den)  -- never passes; a hint
     else
-      retry = math.ceil((after - cap) / den)              -- until it fits
+      retry = ceil((after - cap) / den)        -- until it fits
     end
   end
-  return {
-    allowed = allowed,
-    remaining = math.floor((cap - d) / per),
-    remaining_after = math.floor((cap - after) / per),
-    reset = math.ceil(d / den),
-    reset_after = math.ceil(after / den),
-    retry = retry,
-    delay = 0,
-    empty_after = after,
-    den = den,
-  }
+  r.allowed = allowed
+  r.remaining = floor((cap - d) / per)
+  r.remaining_after = floor((cap - after) / per)
+  r.reset = ceil(d / den)
+  r.reset_after = ceil(after / den)
+  r.retry = retry
+  r.delay = 0
+  r.empty_after = after
+  r.den = den
 end
 
-local function meter_commit(key, now, cost, r)
-  redis.call('SET', key, rat_encode(now, r.empty_after, r.den),
-             'PX', fmt_int(expiry_ms(r.reset_after)))
+local function meter_commit(r, key, now)
+  call('SET', key, rat_encode(now, r.empty_after, r.den),
+       'PX', fmt_int(expiry_ms(r.reset_after)))
 end

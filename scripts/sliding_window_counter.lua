@@ -15,9 +15,9 @@
 local SWC_HDEL_BATCH = 1000
 
 if USED.sliding_window_counter then ALGORITHMS.sliding_window_counter = {
-  check = function(key, now, cost, limit, window, precision)
+  check = function(r, key, now, cost, limit, window, precision)
     local P, W = precision, window
-    local h = redis.call('HGETALL', key)
+    local h = call('HGETALL', key)
     local f = 0            -- count * P
     local ends = {}        -- per live bucket: us from now until it has left
     local counts = {}
@@ -36,7 +36,7 @@ if USED.sliding_window_counter then ALGORITHMS.sliding_window_counter = {
       end
     end
     for i = 1, #stale, SWC_HDEL_BATCH do
-      redis.call('HDEL', key, unpack(stale, i, math.min(#stale, i + SWC_HDEL_BATCH - 1)))
+      call('HDEL', key, unpack(stale, i, math.min(#stale, i + SWC_HDEL_BATCH - 1)))
     end
     local cap, charge = limit * P, cost * P
     -- One expression for the verdict and the sweep's target: past 2^53
@@ -81,19 +81,17 @@ if USED.sliding_window_counter then ALGORITHMS.sliding_window_counter = {
     local cur = math.floor(now / P) * P
     local reset_after = cur + P + W - now
     if reset > reset_after then reset_after = reset end
-    return {
-      allowed = allowed,
-      remaining = math.floor((cap - f) / P),
-      remaining_after = math.floor((cap - f - charge) / P),
-      reset = reset,
-      reset_after = reset_after,
-      retry = retry,
-      delay = 0,
-      bucket = cur,
-    }
+    r.allowed = allowed
+    r.remaining = floor((cap - f) / P)
+    r.remaining_after = floor((cap - f - charge) / P)
+    r.reset = reset
+    r.reset_after = reset_after
+    r.retry = retry
+    r.delay = 0
+    r.bucket = cur
   end,
-  commit = function(key, now, cost, r)
-    redis.call('HINCRBY', key, fmt_int(r.bucket), fmt_int(cost))
+  commit = function(r, key, now, cost)
+    call('HINCRBY', key, fmt_int(r.bucket), fmt_int(cost))
     expire_in_us(key, r.reset_after)
   end,
   hold = hold_for_reset,

@@ -8,13 +8,13 @@
 local SWL_ZADD_BATCH = 1000   -- members per ZADD (Lua's unpack has a limit)
 
 if USED.sliding_window_log then ALGORITHMS.sliding_window_log = {
-  check = function(key, now, cost, limit, window)
+  check = function(r, key, now, cost, limit, window)
     -- Housekeeping, not a charge: entries at or before now - window are out.
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt_int(now - window))
-    local count = redis.call('ZCARD', key)
+    call('ZREMRANGEBYSCORE', key, '-inf', fmt_int(now - window))
+    local count = call('ZCARD', key)
     local newest = nil
     if count > 0 then
-      newest = tonumber(redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
+      newest = tonumber(call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
     end
     local allowed = count + cost <= limit
     -- Back to full quota when the newest entry leaves the window.
@@ -29,23 +29,21 @@ if USED.sliding_window_log then ALGORITHMS.sliding_window_log = {
       else
         -- The (count + cost - limit) oldest entries must leave first.
         local j = count + cost - limit
-        local e = redis.call('ZRANGE', key, j - 1, j - 1, 'WITHSCORES')
+        local e = call('ZRANGE', key, j - 1, j - 1, 'WITHSCORES')
         retry = tonumber(e[2]) + window - now
       end
     end
-    return {
-      allowed = allowed,
-      remaining = limit - count,
-      remaining_after = limit - count - cost,
-      reset = reset,
-      reset_after = latest + window - now,
-      retry = retry,
-      delay = 0,
-    }
+    r.allowed = allowed
+    r.remaining = limit - count
+    r.remaining_after = limit - count - cost
+    r.reset = reset
+    r.reset_after = latest + window - now
+    r.retry = retry
+    r.delay = 0
   end,
-  commit = function(key, now, cost, r)
+  commit = function(r, key, now, cost)
     local t = fmt_int(now)
-    local seq = redis.call('ZCOUNT', key, t, t)
+    local seq = call('ZCOUNT', key, t, t)
     local i = 0
     while i < cost do
       local args = {}
@@ -54,7 +52,7 @@ if USED.sliding_window_log then ALGORITHMS.sliding_window_log = {
         args[#args + 1] = t
         args[#args + 1] = t .. ':' .. fmt_int(seq + i + k)
       end
-      redis.call('ZADD', key, unpack(args))
+      call('ZADD', key, unpack(args))
       i = i + n
     end
     expire_in_us(key, r.reset_after)

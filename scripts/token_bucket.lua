@@ -9,18 +9,18 @@
 -- fractional rate such as 5/10s, floating point drifts off the exact count
 -- (2.9999999 tokens reported as 2 left).
 if USED.token_bucket then ALGORITHMS.token_bucket = {
-  check = function(key, now, cost, burst, n, period)
+  check = function(r, key, now, cost, burst, n, period)
     local g = gcd(n, period)
     local per, den = period / g, n / g
     local cap = burst * per
     local missing = 0
-    local state = redis.call('HMGET', key, 'd', 'ts')
+    local state = call('HMGET', key, 'd', 'ts')
     if state[1] then
       local m0 = rat_decode(state[1], 0, per, true)
       local elapsed = now - (tonumber(state[2]) or now)
       if elapsed < 0 then elapsed = 0 end
       -- compare before multiplying, so an old timestamp cannot overflow
-      if m0 > 0 and elapsed < math.ceil(m0 / den) then
+      if m0 > 0 and elapsed < ceil(m0 / den) then
         missing = m0 - elapsed * den
       end
     end
@@ -30,25 +30,23 @@ if USED.token_bucket then ALGORITHMS.token_bucket = {
     local retry = 0
     if not allowed then
       if cost > burst then
-        retry = math.ceil(missing / den) + math.ceil(cap / den)  -- never passes; a hint
+        retry = ceil(missing / den) + ceil(cap / den)  -- never passes; a hint
       else
-        retry = math.ceil((charge - x) / den)
+        retry = ceil((charge - x) / den)
       end
     end
-    return {
-      allowed = allowed,
-      remaining = math.floor(x / per),
-      remaining_after = math.floor((x - charge) / per),
-      reset = math.ceil(missing / den),
-      reset_after = math.ceil((missing + charge) / den),
-      retry = retry,
-      delay = 0,
-      missing = missing + charge,
-      per = per,
-    }
+    r.allowed = allowed
+    r.remaining = floor(x / per)
+    r.remaining_after = floor((x - charge) / per)
+    r.reset = ceil(missing / den)
+    r.reset_after = ceil((missing + charge) / den)
+    r.retry = retry
+    r.delay = 0
+    r.missing = missing + charge
+    r.per = per
   end,
-  commit = function(key, now, cost, r)
-    redis.call('HSET', key, 'd', rat_encode(0, r.missing, r.per), 'ts', fmt_int(now))
+  commit = function(r, key, now)
+    call('HSET', key, 'd', rat_encode(0, r.missing, r.per), 'ts', formatted[now] or fmt_int(now))
     expire_in_us(key, r.reset_after)
   end,
   hold = hold_for_reset,

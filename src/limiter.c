@@ -77,30 +77,67 @@ put(struct limiter_command *cmd, const char *s, size_t len)
 	cmd->buflen += len;
 }
 
-/* Appends a string to the buffer and stages it as an ARGV entry. */
+/* Stages len more bytes, written next, as a piece of list. */
 static void
-push_arg(struct limiter_command *cmd, const char *s, size_t len)
+stage(struct limiter_command *cmd, struct limiter_args *list, size_t len)
 {
 	reserve(cmd, len);
-	cmd->args = grow(cmd->args, &cmd->argscap, cmd->nargs + 1, sizeof(*cmd->args));
-	cmd->args[cmd->nargs].off = cmd->buflen;
-	cmd->args[cmd->nargs++].len = len;
+	list->v = grow(list->v, &list->cap, list->n + 1, sizeof(*list->v));
+	list->v[list->n].off = cmd->buflen;
+	list->v[list->n++].len = len;
+}
+
+static void
+push(struct limiter_command *cmd, struct limiter_args *list, const char *s,
+    size_t len)
+{
+	stage(cmd, list, len);
 	put(cmd, s, len);
 }
 
 static void
-push_num(struct limiter_command *cmd, long long v)
+push_num(struct limiter_command *cmd, struct limiter_args *list, long long v)
 {
 	char tmp[FMT_LL_MAX];
 
-	push_arg(cmd, tmp, fmt_ll(tmp, v));
+	push(cmd, list, tmp, fmt_ll(tmp, v));
 }
 
 void
 limiter_reset(struct limiter_command *cmd)
 {
-	cmd->nkeys = cmd->nargs = cmd->nchecks = cmd->buflen = 0;
-	push_arg(cmd, "0", 1);	/* time: Redis TIME */
+	cmd->keys.n = cmd->setargs.n = cmd->checkargs.n = 0;
+	cmd->nsets = cmd->nchecks = cmd->buflen = 0;
+}
+
+/* The index (from 1) of set in the batch, which it joins if new: its
+ * limits go to ARGV once however many checks use it. A batch holds at
+ * most redis.max_batch checks, so the search is short. */
+static size_t
+set_index(struct limiter_command *cmd, const struct limit_set *set)
+{
+	for (size_t i = 0; i < cmd->nsets; i++)
+		if (cmd->sets[i] == set)
+			return i + 1;
+	cmd->sets = grow(cmd->sets, &cmd->setscap, cmd->nsets + 1,
+	    sizeof(*cmd->sets));
+	cmd->sets[cmd->nsets++] = set;
+	push_num(cmd, &cmd->setargs, (long long)set->nlimits);
+	for (size_t i = 0; i < set->nlimits; i++) {
+		const struct limit *l = &set->limits[i];
+		const char *alg = config_algorithm_name(l->algorithm);
+
+		push(cmd, &cmd->setargs, alg, strlen(alg));
+		push_num(cmd, &cmd->setargs, l->quota);
+		if (config_algorithm_is_bucket(l->algorithm)) {
+			push_num(cmd, &cmd->setargs, l->rate_n);
+			push_num(cmd, &cmd->setargs, l->rate_period_us);
+		} else {
+			push_num(cmd, &cmd->setargs, l->window_us);
+			push_num(cmd, &cmd->setargs, l->precision_us);
+		}
+	}
+	return cmd->nsets;
 }
 
 void
@@ -116,11 +153,7 @@ limiter_add(struct limiter_command *cmd, const char *key_prefix,
 		size_t nlen = strlen(l->name), alen = strlen(alg);
 		size_t len = plen + rlen + clen + nlen + alen + 5; /* {:}:: */
 
-		reserve(cmd, len);
-		cmd->keys = grow(cmd->keys, &cmd->keyscap, cmd->nkeys + 1,
-		    sizeof(*cmd->keys));
-		cmd->keys[cmd->nkeys].off = cmd->buflen;
-		cmd->keys[cmd->nkeys++].len = len;
+		stage(cmd, &cmd->keys, len);
 		put(cmd, key_prefix, plen);
 		put(cmd, "{", 1);
 		put(cmd, route, rlen);
@@ -131,23 +164,8 @@ limiter_add(struct limiter_command *cmd, const char *key_prefix,
 		put(cmd, ":", 1);
 		put(cmd, alg, alen);
 	}
-	push_num(cmd, cost);
-	push_num(cmd, (long long)set->nlimits);
-	for (size_t i = 0; i < set->nlimits; i++) {
-		const struct limit *l = &set->limits[i];
-		const char *alg = config_algorithm_name(l->algorithm);
-
-		push_arg(cmd, alg, strlen(alg));
-		if (config_algorithm_is_bucket(l->algorithm)) {
-			push_num(cmd, l->quota);
-			push_num(cmd, l->rate_n);
-			push_num(cmd, l->rate_period_us);
-		} else {
-			push_num(cmd, l->quota);
-			push_num(cmd, l->window_us);
-			push_num(cmd, l->precision_us);
-		}
-	}
+	push_num(cmd, &cmd->checkargs, (long long)set_index(cmd, set));
+	push_num(cmd, &cmd->checkargs, cost);
 	cmd->nchecks++;
 }
 
@@ -172,15 +190,27 @@ resp_bulk(char *out, size_t o, const char *s, size_t len)
  * runs a printf-like sdscatfmt per argument and allocates the result per
  * call, and was about a quarter of the daemon's instructions per check.
  */
+/* Appends each piece of list as a bulk string. */
+static size_t
+resp_list(struct limiter_command *cmd, size_t o, const struct limiter_args *list)
+{
+	for (size_t i = 0; i < list->n; i++)
+		o = resp_bulk(cmd->resp, o, cmd->buf + list->v[i].off,
+		    list->v[i].len);
+	return o;
+}
+
 void
 limiter_finish(struct limiter_command *cmd, const char *sha)
 {
-	size_t argc = 3 + cmd->nkeys + cmd->nargs, shalen = strlen(sha), o = 0;
-	char numkeys[FMT_LL_MAX];
-	size_t nklen = fmt_ll(numkeys, (long long)cmd->nkeys);
+	size_t argc = 3 + cmd->keys.n + 2 + cmd->setargs.n + cmd->checkargs.n;
+	size_t shalen = strlen(sha), o = 0;
+	char numkeys[FMT_LL_MAX], nsets[FMT_LL_MAX];
+	size_t nklen = fmt_ll(numkeys, (long long)cmd->keys.n);
+	size_t nslen = fmt_ll(nsets, (long long)cmd->nsets);
 	/* Every element costs its bytes plus at most FMT_LL_MAX + 5 of framing. */
-	size_t need = (argc + 1) * (FMT_LL_MAX + 5) + 7 + shalen + nklen +
-	    cmd->buflen;
+	size_t need = (argc + 1) * (FMT_LL_MAX + 5) + 7 + shalen + nklen + 1 +
+	    nslen + cmd->buflen;
 
 	cmd->resp = grow(cmd->resp, &cmd->respcap, need, 1);
 	cmd->resp[o++] = '*';
@@ -190,12 +220,11 @@ limiter_finish(struct limiter_command *cmd, const char *sha)
 	o = resp_bulk(cmd->resp, o, "EVALSHA", 7);
 	o = resp_bulk(cmd->resp, o, sha, shalen);
 	o = resp_bulk(cmd->resp, o, numkeys, nklen);
-	for (size_t i = 0; i < cmd->nkeys; i++)
-		o = resp_bulk(cmd->resp, o, cmd->buf + cmd->keys[i].off,
-		    cmd->keys[i].len);
-	for (size_t i = 0; i < cmd->nargs; i++)
-		o = resp_bulk(cmd->resp, o, cmd->buf + cmd->args[i].off,
-		    cmd->args[i].len);
+	o = resp_list(cmd, o, &cmd->keys);
+	o = resp_bulk(cmd->resp, o, "0", 1);	/* time: Redis TIME */
+	o = resp_bulk(cmd->resp, o, nsets, nslen);
+	o = resp_list(cmd, o, &cmd->setargs);
+	o = resp_list(cmd, o, &cmd->checkargs);
 	cmd->resplen = o;
 }
 
@@ -204,8 +233,10 @@ limiter_command_free(struct limiter_command *cmd)
 {
 	free(cmd->buf);
 	free(cmd->resp);
-	free(cmd->keys);
-	free(cmd->args);
+	free(cmd->keys.v);
+	free(cmd->setargs.v);
+	free(cmd->checkargs.v);
+	free(cmd->sets);
 	memset(cmd, 0, sizeof(*cmd));
 }
 

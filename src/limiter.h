@@ -21,13 +21,22 @@ struct limiter_arg {
 	size_t	len;
 };
 
+/* A list of staged pieces. */
+struct limiter_args {
+	struct limiter_arg	*v;
+	size_t			 n, cap;
+};
+
 /* One EVALSHA carrying a batch of checks, built into storage that grows to
  * the largest batch seen and is then reused: no allocation per check. The
- * keys of all checks come first in KEYS, their arguments after the time in
- * ARGV, so the two are staged apart and joined by limiter_finish. */
+ * script takes every check's keys first in KEYS; in ARGV the time, each
+ * distinct limit set of the batch once, then per check its set's index
+ * and its cost. So the keys, the sets and the checks are staged apart and
+ * joined by limiter_finish. */
 struct limiter_command {
-	struct limiter_arg	*keys, *args;
-	size_t			 nkeys, nargs, keyscap, argscap;
+	struct limiter_args	 keys, setargs, checkargs;
+	const struct limit_set	**sets;		/* the batch's, by index - 1 */
+	size_t			 nsets, setscap;
 	size_t			 nchecks;
 	char			*buf;
 	size_t			 buflen, bufsize;
@@ -73,8 +82,8 @@ void limiter_reset(struct limiter_command *cmd);
 void limiter_add(struct limiter_command *cmd, const char *key_prefix,
     const char *route, const char *client, const struct limit_set *set,
     long long cost);
-/* Writes EVALSHA sha numkeys KEYS... 0 ARGV... into resp, as the RESP
- * array Redis reads. */
+/* Writes EVALSHA sha numkeys KEYS... 0 S SETS... CHECKS... into resp, as
+ * the RESP array Redis reads. */
 void limiter_finish(struct limiter_command *cmd, const char *sha);
 void limiter_command_free(struct limiter_command *cmd);
 

@@ -1,8 +1,8 @@
 """Batches of checks in one call of the limits script, on a real Redis.
 
 The daemon sends the checks that arrive together as ONE EVALSHA (KEYS: every
-check's limit keys in order; ARGV: forced time, then per check cost, limit
-count and the limits). The contract is that every check in a batch is
+check's limit keys in order; ARGV: forced time, the distinct limit sets of
+the batch, each once, then per check its set and cost). The contract is that every check in a batch is
 decided exactly as if it had been sent alone, in arrival order, at the same
 instant: a later check sees what the earlier ones charged, and each check is
 all-or-nothing over its own limits. This file proves it three ways:
@@ -24,9 +24,9 @@ all-or-nothing over its own limits. This file proves it three ways:
   * Fixed examples with exact numbers: 60 checks on one fixed window of 50
     in one batch, and a 3-limit route where one limit (each algorithm in
     turn) denies and nothing is charged anywhere.
-  * Malformed batches (wrong limit counts, more KEYS than limits, bad costs
-    or limit parameters, unknown algorithms, in the first check or a later
-    one) answer a Redis error, never a reply, write nothing, and Redis
+  * Malformed batches (wrong set or limit counts, more KEYS than limits,
+    bad set indexes, costs or limit parameters, unknown algorithms, in the
+    first set or check or a later one) answer a Redis error, never a reply, write nothing, and Redis
     stays up.
 
 Expiry: the scripts PEXPIRE relative to the forced time, but Redis expires on
@@ -353,39 +353,63 @@ FW = ["fixed_window", "5", str(10 * S), "0"]
 T = str(BASE + 2_500_000)
 
 MALFORMED = [
-    # (name, KEYS, ARGV after the forced time, error text)
-    ("zero limits", [], ["1", "0"], "bad limit count"),
-    ("zero limits, second check", ["a"], ["1", "1", *FW, "1", "0"], "bad limit count"),
+    # (name, KEYS, ARGV after the forced time, error text). A well-formed
+    # call is: set count, the sets (limit count, then algorithm, a, b, c
+    # per limit), then per check its set's index and its cost.
+    ("no sets", [], [], "bad set count"),
+    ("zero sets", [], ["0"], "bad set count"),
+    ("set count not a number", ["a"], ["x", "1", *FW, "1", "1"], "bad set count"),
+    ("set count not an integer", ["a"], ["1.5", "1", *FW, "1", "1"], "bad set count"),
+    ("set count huge", ["a"], ["1e9", "1", *FW, "1", "1"], "bad set count"),
+    ("more sets than arguments", ["a"], ["2", "1", *FW, "1", "1"], "bad set count"),
+    ("zero limits", [], ["1", "0", "1", "1", "1", "1"], "bad limit count"),
+    ("zero limits, second set", ["a"], ["2", "1", *FW, "0", "1", "1", "1", "1"],
+     "bad limit count"),
     ("more limits than arguments", ["a", "b", "c"], ["1", "3", *FW], "bad limit count"),
-    ("more limits than keys", ["a"], ["1", "2", *FW, *FW], "bad limit count"),
-    ("more limits than keys, second check", ["a", "b"],
-     ["1", "1", *FW, "1", "2", *FW, *FW], "bad limit count"),
-    ("limit count not a number", ["a"], ["1", "x", *FW], "bad limit count"),
-    ("limit count not an integer", ["a", "b"], ["1", "1.5", *FW, *FW], "bad limit count"),
-    ("limit count huge", ["a"], ["1", "1e9", *FW], "bad limit count"),
-    ("cost without a limit count", ["a"], ["1", "1", *FW, "1"], "bad limit count"),
-    ("more keys than limits", ["a", "b"], ["1", "1", *FW], "more keys than limits"),
-    ("more keys than limits, two checks", ["a", "b", "c"],
-     ["1", "1", *FW, "1", "1", *FW], "more keys than limits"),
-    ("cost 0", ["a"], ["0", "1", *FW], "bad cost"),
-    ("cost x", ["a"], ["x", "1", *FW], "bad cost"),
-    ("cost empty", ["a"], ["", "1", *FW], "bad cost"),
-    ("cost negative", ["a"], ["-1", "1", *FW], "bad cost"),
-    ("cost not an integer", ["a"], ["1.5", "1", *FW], "bad cost"),
-    ("cost nan", ["a"], ["nan", "1", *FW], "bad cost"),
-    ("cost 0, second check", ["a", "b"], ["1", "1", *FW, "0", "1", *FW], "bad cost"),
-    ("cost x, second check", ["a", "b"], ["1", "1", *FW, "x", "1", *FW], "bad cost"),
-    ("unknown algorithm", ["a"], ["1", "1", "nope", "5", "1", "0"], "unknown algorithm"),
-    ("cost infinite", ["a"], ["inf", "1", *FW], "bad cost"),
-    ("cost huge", ["a"], ["1e400", "1", *FW], "bad cost"),
-    ("limit parameter not a number", ["a"], ["1", "1", "fixed_window", "5", "x", "0"],
+    ("limit count not a number", ["a"], ["1", "x", *FW, "1", "1"], "bad limit count"),
+    ("limit count not an integer", ["a", "b"], ["1", "1.5", *FW, *FW, "1", "1"],
+     "bad limit count"),
+    ("limit count huge", ["a"], ["1", "1e9", *FW, "1", "1"], "bad limit count"),
+    ("limit parameter not a number", ["a"],
+     ["1", "1", "fixed_window", "5", "x", "0", "1", "1"], "bad limit parameters"),
+    ("limit parameter missing, second set", ["a", "b"],
+     ["2", "1", *FW, "1", "fixed_window", "5", "", "0", "1", "1", "2", "1"],
      "bad limit parameters"),
-    ("limit parameter missing, second check", ["a", "b"],
-     ["1", "1", *FW, "1", "1", "fixed_window", "5", "", "0"], "bad limit parameters"),
-    ("unknown algorithm, second check", ["a", "b"], ["1", "1", *FW, "1", "1", "nope", "5", "1", "0"],
+    ("unknown algorithm", ["a"], ["1", "1", "nope", "5", "1", "0", "1", "1"],
      "unknown algorithm"),
-    ("unknown algorithm, second limit", ["a", "b"], ["1", "2", *FW, "nope", "5", "1", "0"],
-     "unknown algorithm"),
+    ("unknown algorithm, second set", ["a", "b"],
+     ["2", "1", *FW, "1", "nope", "5", "1", "0", "1", "1", "2", "1"], "unknown algorithm"),
+    ("unknown algorithm, second limit", ["a", "b"],
+     ["1", "2", *FW, "nope", "5", "1", "0", "1", "1"], "unknown algorithm"),
+    ("unknown algorithm in a set no check uses", ["a"],
+     ["2", "1", *FW, "1", "nope", "5", "1", "0", "1", "1"], "unknown algorithm"),
+    ("set index 0", ["a"], ["1", "1", *FW, "0", "1"], "bad set index"),
+    ("set index past the sets", ["a"], ["1", "1", *FW, "2", "1"], "bad set index"),
+    ("set index not an integer", ["a"], ["2", "1", *FW, "1", *FW, "1.5", "1"],
+     "bad set index"),
+    ("set index x", ["a"], ["1", "1", *FW, "x", "1"], "bad set index"),
+    ("set index nan", ["a"], ["1", "1", *FW, "nan", "1"], "bad set index"),
+    ("set index past the sets, second check", ["a", "b"],
+     ["1", "1", *FW, "1", "1", "3", "1"], "bad set index"),
+    ("cost missing", ["a"], ["1", "1", *FW, "1"], "bad cost"),
+    ("cost 0", ["a"], ["1", "1", *FW, "1", "0"], "bad cost"),
+    ("cost x", ["a"], ["1", "1", *FW, "1", "x"], "bad cost"),
+    ("cost empty", ["a"], ["1", "1", *FW, "1", ""], "bad cost"),
+    ("cost negative", ["a"], ["1", "1", *FW, "1", "-1"], "bad cost"),
+    ("cost not an integer", ["a"], ["1", "1", *FW, "1", "1.5"], "bad cost"),
+    ("cost nan", ["a"], ["1", "1", *FW, "1", "nan"], "bad cost"),
+    ("cost infinite", ["a"], ["1", "1", *FW, "1", "inf"], "bad cost"),
+    ("cost huge", ["a"], ["1", "1", *FW, "1", "1e400"], "bad cost"),
+    ("cost 0, second check", ["a", "b"], ["1", "1", *FW, "1", "1", "1", "0"], "bad cost"),
+    ("cost x, second check", ["a", "b"], ["1", "1", *FW, "1", "1", "1", "x"], "bad cost"),
+    ("more limits than keys", ["a"], ["1", "2", *FW, *FW, "1", "1"],
+     "more limits than keys"),
+    ("more limits than keys, second check", ["a"], ["1", "1", *FW, "1", "1", "1", "1"],
+     "more limits than keys"),
+    ("more keys than limits", ["a", "b"], ["1", "1", *FW, "1", "1"], "more keys than limits"),
+    ("more keys than limits, two checks", ["a", "b", "c"],
+     ["1", "1", *FW, "1", "1", "1", "1"], "more keys than limits"),
+    ("keys without checks", ["a"], ["1", "1", *FW], "more keys than limits"),
 ]
 
 

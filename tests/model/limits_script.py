@@ -53,29 +53,31 @@ class Limits:
         self.sha = r.script_load(build_script())
 
     @staticmethod
-    def check_args(cost, limits):
-        """One check's part of ARGV: cost, limit count, then per limit the
-        algorithm and a, b, c."""
-        argv = [str(cost), str(len(limits))]
-        for alg, a, b, c in limits:
-            argv += [alg, str(a), str(b), str(c)]
-        return argv
+    def batch_args(now_us, checks):
+        """KEYS and ARGV of a call that carries several checks, each given
+        as (keys, limits, cost), decided in that order. ARGV is the time,
+        the number of distinct limit sets, each set once (its limit count,
+        then per limit the algorithm and a, b, c), then per check the index
+        of its set (from 1) and its cost."""
+        keys, sets, check_argv = [], [], []
+        for ck_keys, limits, cost in checks:
+            assert len(ck_keys) == len(limits)
+            limits = tuple(tuple(lim) for lim in limits)
+            if limits not in sets:
+                sets.append(limits)
+            keys += ck_keys
+            check_argv += [str(sets.index(limits) + 1), str(cost)]
+        argv = [str(now_us), str(len(sets))]
+        for limits in sets:
+            argv.append(str(len(limits)))
+            for alg, a, b, c in limits:
+                argv += [alg, str(a), str(b), str(c)]
+        return keys, argv + check_argv
 
     @staticmethod
     def args(now_us, cost, limits):
         """ARGV of a call that carries one check."""
-        return [str(now_us)] + Limits.check_args(cost, limits)
-
-    @staticmethod
-    def batch_args(now_us, checks):
-        """KEYS and ARGV of a call that carries several checks, each given
-        as (keys, limits, cost), decided in that order."""
-        keys, argv = [], [str(now_us)]
-        for ck_keys, limits, cost in checks:
-            assert len(ck_keys) == len(limits)
-            keys += ck_keys
-            argv += Limits.check_args(cost, limits)
-        return keys, argv
+        return Limits.batch_args(now_us, [([None] * len(limits), limits, cost)])[1]
 
     def call(self, keys, limits, now_us, cost=1):
         assert len(keys) == len(limits)

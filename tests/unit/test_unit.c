@@ -549,7 +549,7 @@ test_encode_and_build(void)
 		{ name_burst, ALGORITHM_TOKEN_BUCKET, 20, 0, 0, 10, 1000000, 0 },
 		{ name_hourly, ALGORITHM_FIXED_WINDOW, 1000, 3600000000LL, 0, 0, 0, 0 },
 	};
-	struct limit_set set = { l, 2, 0, 1000 };
+	struct limit_set set = { l, 2, 0, 1000 }, other = { l + 1, 1, 0, 1000 };
 	unsigned char d[SHA256_DIGEST_LEN];
 	static struct decoded dec;
 
@@ -570,40 +570,58 @@ test_encode_and_build(void)
 	limiter_add(&cmd, "rl:", "api", "k1", &set, 3);
 	limiter_finish(&cmd, "0123456789012345678901234567890123456789");
 	decode_resp(&cmd, &dec);
-	/* EVALSHA sha 2 key key 0 cost n alg a b c alg a b c */
-	CHECK(dec.argc == 3 + 2 + 3 + 8);
+	/* EVALSHA sha 2 key key 0 1 n alg a b c alg a b c set cost */
+	CHECK(dec.argc == 3 + 2 + 2 + 9 + 2);
 	CHECK(dec.argvlen[2] == 1 && dec.argv[2][0] == '2');
 	CHECK(dec.argvlen[3] == strlen("rl:{api:k1}:burst:token_bucket") &&
 	    memcmp(dec.argv[3], "rl:{api:k1}:burst:token_bucket", dec.argvlen[3]) == 0);
 	CHECK(memcmp(dec.argv[4], "rl:{api:k1}:hourly:fixed_window", dec.argvlen[4]) == 0);
 	CHECK(dec.argvlen[5] == 1 && dec.argv[5][0] == '0');
-	CHECK(dec.argvlen[6] == 1 && dec.argv[6][0] == '3');
+	CHECK(dec.argvlen[6] == 1 && dec.argv[6][0] == '1');
 	CHECK(dec.argvlen[7] == 1 && dec.argv[7][0] == '2');
+	CHECK(memcmp(dec.argv[8], "token_bucket", 12) == 0);
+	CHECK(memcmp(dec.argv[9], "20", 2) == 0);
 	CHECK(memcmp(dec.argv[10], "10", 2) == 0 && memcmp(dec.argv[11], "1000000", 7) == 0);
+	CHECK(memcmp(dec.argv[12], "fixed_window", 12) == 0);
+	CHECK(dec.argvlen[14] == 10 && memcmp(dec.argv[14], "3600000000", 10) == 0);
+	CHECK(dec.argvlen[16] == 1 && dec.argv[16][0] == '1');
+	CHECK(dec.argvlen[17] == 1 && dec.argv[17][0] == '3');
 
-	/* A batch: every check's keys first, then the time, then each
-	 * check's cost, count and limits, in the order added. Enough checks
-	 * to make every staging array and the buffer grow. */
+	/* A batch: every check's keys first, then the time, each distinct
+	 * set once in the order first used, then each check's set and cost,
+	 * in the order added. Enough checks to make every staging array and
+	 * the buffer grow. */
 	limiter_reset(&cmd);
 	for (int i = 0; i < 300; i++) {
 		char client[16];
 
 		snprintf(client, sizeof(client), "c%d", i);
-		limiter_add(&cmd, "rl:", "api", client, &set, i + 1);
+		limiter_add(&cmd, "rl:", "api", client, i % 3 == 1 ? &other : &set,
+		    i + 1);
 	}
 	limiter_finish(&cmd, "0123456789012345678901234567890123456789");
 	decode_resp(&cmd, &dec);
 	CHECK(cmd.nchecks == 300);
-	CHECK(dec.argc == 3 + 600 + 1 + 300 * 10);
-	CHECK(dec.argvlen[2] == 3 && memcmp(dec.argv[2], "600", 3) == 0);
+	/* 200 checks of set (2 keys), 100 of other (1 key) */
+	CHECK(dec.argc == 3 + 500 + 2 + 9 + 5 + 300 * 2);
+	CHECK(dec.argvlen[2] == 3 && memcmp(dec.argv[2], "500", 3) == 0);
 	CHECK(dec.argvlen[0] == 7 && memcmp(dec.argv[0], "EVALSHA", 7) == 0);
 	CHECK(dec.argvlen[1] == 40 && dec.argv[1][39] == '9');
-	CHECK(memcmp(dec.argv[3 + 599], "rl:{api:c299}:hourly:fixed_window",
-	    dec.argvlen[3 + 599]) == 0);
-	CHECK(dec.argvlen[603] == 1 && dec.argv[603][0] == '0');
-	CHECK(dec.argvlen[604 + 10 * 299] == 3 &&
-	    memcmp(dec.argv[604 + 10 * 299], "300", 3) == 0);
-	CHECK(memcmp(dec.argv[604 + 10 * 299 + 2], "token_bucket", 12) == 0);
+	CHECK(memcmp(dec.argv[3 + 499], "rl:{api:c299}:hourly:fixed_window",
+	    dec.argvlen[3 + 499]) == 0);
+	CHECK(memcmp(dec.argv[3 + 2], "rl:{api:c1}:hourly:fixed_window",
+	    dec.argvlen[3 + 2]) == 0);
+	CHECK(dec.argvlen[503] == 1 && dec.argv[503][0] == '0');
+	CHECK(dec.argvlen[504] == 1 && dec.argv[504][0] == '2');
+	CHECK(memcmp(dec.argv[506], "token_bucket", 12) == 0);
+	CHECK(dec.argvlen[514] == 1 && dec.argv[514][0] == '1');
+	CHECK(memcmp(dec.argv[515], "fixed_window", 12) == 0);
+	/* check 1 (other) is set 2; check 299 (set) is set 1, cost 300 */
+	CHECK(dec.argvlen[521] == 1 && dec.argv[521][0] == '2');
+	CHECK(dec.argvlen[519] == 1 && dec.argv[519][0] == '1');
+	CHECK(dec.argvlen[519 + 2 * 299] == 1 && dec.argv[519 + 2 * 299][0] == '1');
+	CHECK(dec.argvlen[520 + 2 * 299] == 3 &&
+	    memcmp(dec.argv[520 + 2 * 299], "300", 3) == 0);
 	limiter_command_free(&cmd);
 }
 
