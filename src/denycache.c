@@ -2,11 +2,12 @@
  * The deny cache: a direct-mapped table keyed by a 128-bit hash of the
  * encoded client key, checked against the policy generation and route, so a
  * reload or another route never reads a stale entry. An entry stays valid
- * until the latest retry time among the denying limits, all of which must be
- * of an algorithm whose denial cannot end early, no longer than every
- * limit's numbers in the reply stay what time alone makes them (see
- * unchanged_ms), and only while a limit admits nothing (blocked_ms), so
- * that no other check can change them; counted from when the call
+ * until the latest retry time among the denying limits (no denial ends
+ * early: other traffic can only take quota, and what time gives back, each
+ * algorithm's retry time already counts), no longer than every limit's
+ * numbers in the reply stay what time alone makes them (see unchanged_ms),
+ * and only while a limit admits nothing (blocked_ms), so that no other
+ * check can change them; counted from when the call
  * was sent (Redis decided later) and less the millisecond the script rounds
  * up: answered from the reply's arrival, a client at 1000/s lost a third of
  * its quota to denials past their time. And at most DENYCACHE_MAX_US, and
@@ -56,37 +57,27 @@ hash128(const char *s, uint64_t *h1, uint64_t *h2)
 	*h2 = b ^ (b >> 29);
 }
 
-static int
-exact_when_denied(enum algorithm a)
-{
-	return a == ALGORITHM_FIXED_WINDOW || a == ALGORITHM_TOKEN_BUCKET ||
-	    a == ALGORITHM_GCRA;
-}
-
 /*
  * For how long after the decision a limit's part of the reply is what
  * time alone makes it (other traffic can only take quota): a cached reply
  * is the reply Redis would give, not only the same verdict. A fixed
- * window's count holds until its window ends. A bucket refills at moments
- * the reply does not tell, unless it is full, or is denied one whole unit
- * short, whose arrival is the retry time.
+ * window's count holds until its window ends. Every other algorithm gives
+ * quota back as time passes (a bucket refills, a sliding window's old
+ * requests leave it), at moments the reply does not tell, unless it has
+ * all its quota, or is denied one whole unit short: what it gives back
+ * next is that unit, at the retry time. (Its reset, the time until it has
+ * all its quota, only counts down meanwhile.)
  */
 static long long
 unchanged_ms(const struct limit *l, const struct limit_result *r, long long cost)
 {
-	switch (l->algorithm) {
-	case ALGORITHM_FIXED_WINDOW:
+	if (l->algorithm == ALGORITHM_FIXED_WINDOW)
 		return r->reset_ms > 0 ? r->reset_ms : LLONG_MAX;
-	case ALGORITHM_TOKEN_BUCKET:
-	case ALGORITHM_GCRA:
-		if (r->remaining >= l->quota)
-			return LLONG_MAX;
-		if (!r->allowed && r->remaining == cost - 1)
-			return r->retry_ms;
-		return 0;
-	default:
-		return 0;
-	}
+	if (r->remaining >= l->quota)
+		return LLONG_MAX;
+	if (!r->allowed && r->remaining == cost - 1)
+		return r->retry_ms;
+	return 0;
 }
 
 /*
@@ -96,24 +87,18 @@ unchanged_ms(const struct limit *l, const struct limit_result *r, long long cost
  * Otherwise a smaller request could pass meanwhile, and a cached denial
  * of a larger one would repeat a remaining and a retry time Redis no
  * longer gives (found by an audit: Retry-After 3 s where Redis said 8).
- * A fixed window with nothing left admits nothing until it ends; a bucket
- * with less than one unit, until one arrives, which the reply tells only
- * for a check of cost 1 (its retry time).
+ * A fixed window with nothing left admits nothing until it ends; any
+ * other algorithm with less than one unit left, until one comes back,
+ * which the reply tells only for a check of cost 1 (its retry time).
  */
 static long long
 blocked_ms(const struct limit *l, const struct limit_result *r, long long cost)
 {
 	if (r->remaining > 0)
 		return 0;
-	switch (l->algorithm) {
-	case ALGORITHM_FIXED_WINDOW:
+	if (l->algorithm == ALGORITHM_FIXED_WINDOW)
 		return r->reset_ms;
-	case ALGORITHM_TOKEN_BUCKET:
-	case ALGORITHM_GCRA:
-		return !r->allowed && cost == 1 ? r->retry_ms : 0;
-	default:
-		return 0;
-	}
+	return !r->allowed && cost == 1 ? r->retry_ms : 0;
 }
 
 /* The client's slot on this route: a client over limits of two routes
@@ -160,8 +145,6 @@ denycache_put(struct denycache *dc, const struct config *config,
 			blocked = b;
 		if (v->r[i].allowed)
 			continue;
-		if (!exact_when_denied(set->limits[i].algorithm))
-			return;
 		if (v->r[i].retry_ms > until_ms)
 			until_ms = v->r[i].retry_ms;
 	}

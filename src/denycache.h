@@ -1,8 +1,9 @@
 /*
- * A per-worker cache of denials: while a client is over a limit whose
- * denial provably holds until a known time (fixed_window, token_bucket,
- * gcra: other traffic can only use more quota, never return it), repeated
- * requests are answered locally without a Redis call.
+ * A per-worker cache of denials: while a client is over a limit, its
+ * denial provably holds until the retry time Redis gave (other traffic can
+ * only use more quota, never return it; what time returns, the retry time
+ * counts), so repeated requests are answered locally without a Redis call,
+ * for as long as the whole reply stays what Redis would give.
  */
 #ifndef DENYCACHE_H
 #define DENYCACHE_H

@@ -1,8 +1,10 @@
 """The per-worker deny cache answers only what Redis would answer.
 
-A denial of a fixed_window, token_bucket or gcra limit is kept until its
-retry time, so a client over its limit costs no Redis call. Two ways that
-went wrong, found by an audit with three daemons on one Redis:
+A denial is kept until its retry time, so a client over its limit costs no
+Redis call, whatever the algorithm: other traffic can only use more quota,
+and what time gives back (a bucket's refill, a sliding window's old
+requests) the retry time already counts. Two ways that went wrong, found
+by an audit with three daemons on one Redis:
 
   * Timed from the reply's arrival, with the script's millisecond round-up,
     a cached denial outlived the moment Redis would allow: with Redis
@@ -15,6 +17,7 @@ went wrong, found by an audit with three daemons on one Redis:
 """
 import time
 
+import pytest
 import requests
 
 from conftest import RedisServer, wait_until
@@ -193,3 +196,145 @@ def test_a_larger_denial_is_not_repeated_after_a_smaller_check_passes(start_daem
     assert ask("fw", 3)[:2] == (429, "1")
     assert ask("fw", 1)[0] == 200
     assert ask("fw", 3)[:2] == (429, "0")
+
+
+# One route per algorithm, each keyed by X-Api-Key, with a quota of 3 (of
+# 1 for the shaping leaky bucket, whose k-th request is held (k - 1)/rate).
+ROUTES = [
+    ("fw", 3, "algorithm: fixed_window, limit: 3, window: 1h"),
+    ("tb", 3, 'algorithm: token_bucket, rate: "1/h", burst: 3'),
+    ("gcra", 3, 'algorithm: gcra, rate: "1/h", burst: 3'),
+    ("leaky", 3, 'algorithm: leaky_bucket, rate: "1/h", burst: 3, delay: false'),
+    ("shaped", 1, 'algorithm: leaky_bucket, rate: "1/h", burst: 1'),
+    ("swl", 3, "algorithm: sliding_window_log, limit: 3, window: 1h"),
+    ("swc", 3, "algorithm: sliding_window_counter, limit: 3, window: 1h, precision: 1m"),
+]
+EVERY = policy("".join(
+    "  - name: %s\n    match: {prefix: /%s/}\n    key: header:X-Api-Key\n"
+    "    limits: [{name: q, %s}]\n" % (name, name, spec) for name, _, spec in ROUTES),
+    timeout="500ms")
+
+
+@pytest.mark.parametrize("route,quota", [(name, quota) for name, quota, _ in ROUTES],
+                         ids=[name for name, _, _ in ROUTES])
+def test_a_hot_key_costs_no_redis_call_whatever_the_algorithm(start_daemon, redis_server,
+                                                             route, quota):
+    """Over its limit, a client's next requests are answered without Redis,
+    with the reply Redis gave, its times counted down: Remaining 0, Reset
+    and Retry-After no later than Redis's."""
+    d = start_daemon(EVERY)
+    rc = redis_server.client()
+    path = "/check/%s/x" % route
+    for _ in range(quota):
+        assert check(d, path, headers={"X-Api-Key": "hot"}).status_code == 200
+    first = check(d, path, headers={"X-Api-Key": "hot"})
+    assert first.status_code == 429, first.text
+    calls = script_calls(rc)
+    for _ in range(20):
+        r = check(d, path, headers={"X-Api-Key": "hot"})
+        assert r.status_code == 429, r.text
+        assert r.headers["X-RateLimit-Remaining"] == "0"
+        assert r.headers["X-RateLimit-Limit"] == str(quota)
+        for h in ("X-RateLimit-Reset", "Retry-After"):
+            assert 1 <= int(r.headers[h]) <= int(first.headers[h]), (h, r.headers, first.headers)
+    assert script_calls(rc) == calls, "%d of 20 denials went to Redis" % (script_calls(rc) - calls)
+    # another client of the route is still asked of Redis
+    assert check(d, path, headers={"X-Api-Key": "cold"}).status_code == 200
+    assert script_calls(rc) == calls + 1
+
+
+def test_cached_sliding_denial_never_outlives_the_real_one(start_daemon, redis_server):
+    """One client at full speed on a sliding_window_log of 3 per 300 ms and
+    a sliding_window_counter of 4 per 400 ms (precision 100 ms), each on
+    its own route, with every Redis reply 20 ms late. A denial is wrong
+    when, at the Redis time the request was sent, the admissions so far
+    left room for it: Redis decides at that time or later, and as time
+    passes a sliding window only gives quota back. The admissions are read
+    from Redis after each one (this client is the only one), the log's as
+    its members' times, the counter's as its bucket counts, and the
+    counter's count is computed as the script computes it."""
+    proxy = SlowReplies(redis_server.port, 0.020)
+    try:
+        d = start_daemon(policy(
+            "  - name: swl\n    match: {prefix: /swl/}\n    key: header:X-Api-Key\n"
+            "    limits: [{name: q, algorithm: sliding_window_log, limit: 3, window: 300ms}]\n"
+            "  - name: swc\n    match: {prefix: /swc/}\n    key: header:X-Api-Key\n"
+            "    limits: [{name: q, algorithm: sliding_window_counter, limit: 4,\n"
+            "              window: 400ms, precision: 100ms}]\n",
+            timeout="500ms"), redis_port=proxy.port)
+        rc = redis_server.client()
+        session = requests.Session()
+
+        def room_in_log(state, t):
+            window = 300_000
+            return sum(1 for at in state if at > t - window) + 1 <= 3
+
+        def room_in_counter(state, t):
+            window, p, cap = 400_000, 100_000, 4 * 100_000
+            f = 0
+            for start, n in state.items():
+                e = start + p + window - t
+                if e > 0:
+                    f += n * min(e, p)
+            return f + p <= cap
+
+        for route, algorithm, room in (("swl", "sliding_window_log", room_in_log),
+                                       ("swc", "sliding_window_counter", room_in_counter)):
+            key = rkey(route, "late", "q", algorithm)
+            calls0 = script_calls(rc)
+            state = [] if route == "swl" else {}
+            wrong, denied, allowed, sent_total = [], 0, 0, 0
+            end = time.monotonic() + 2.0
+            while time.monotonic() < end:
+                sent = redis_us(rc)
+                r = session.get(d.url("/check/%s/x" % route), headers={"X-Api-Key": "late"},
+                                timeout=5)
+                sent_total += 1
+                if r.status_code == 200:
+                    allowed += 1
+                    if route == "swl":
+                        state = [int(score) for _, score in rc.zrange(key, 0, -1, withscores=True)]
+                    else:
+                        state = {int(k): int(v) for k, v in rc.hgetall(key).items()}
+                    continue
+                assert r.status_code == 429, r.text
+                denied += 1
+                if room(state, sent):
+                    wrong.append(sent)
+            cached = sent_total - (script_calls(rc) - calls0)
+            assert allowed >= 10 and cached > 30, (route, allowed, denied, cached)
+            assert wrong == [], "%s: %d of %d denials came when Redis would allow" % (
+                route, len(wrong), denied)
+    finally:
+        proxy.close()
+
+
+@pytest.mark.parametrize("algorithm", ["sliding_window_log", "sliding_window_counter"])
+def test_a_larger_sliding_denial_is_asked_while_a_smaller_check_could_pass(start_daemon,
+                                                                          redis_server,
+                                                                          algorithm):
+    """As for the buckets: a denial of cost 2 with 1 left is asked of Redis
+    each time (a check of cost 1 may pass meanwhile and change its
+    numbers); once nothing is left, a denial of cost 1 is cached."""
+    extra = ", precision: 1m" if algorithm == "sliding_window_counter" else ""
+    d = start_daemon(policy(
+        "  - name: sw\n    match: {prefix: /}\n    key: header:X-Api-Key\n"
+        "    limits: [{name: q, algorithm: %s, limit: 3, window: 1h%s}]\n"
+        % (algorithm, extra), timeout="500ms"))
+    rc = redis_server.client()
+
+    def ask(cost):
+        r = requests.post(d.url("/v1/check"), json={"route": "sw", "key": "k", "cost": cost},
+                          timeout=5)
+        return r.status_code, r.json()["remaining"]
+
+    assert ask(2) == (200, 1)
+    calls = script_calls(rc)
+    assert [ask(2) for _ in range(3)] == [(429, 1)] * 3
+    assert script_calls(rc) == calls + 3              # each asked of Redis
+    assert ask(1) == (200, 0)                         # a smaller one passes
+    assert ask(2) == (429, 0)
+    assert ask(1) == (429, 0)
+    calls = script_calls(rc)
+    assert [ask(1) for _ in range(5)] == [(429, 0)] * 5
+    assert script_calls(rc) == calls                  # from the cache

@@ -784,12 +784,22 @@ test_denycache(void)
 		}
 	}
 
-	/* a sliding_window_log denial is never cached */
-	CHECK(limiter_parse(&c->routes[0].limits, (long long[]){ 0, 1, 0, 0, 100, 100, 0 },
+	/* A sliding_window_log denial of cost 1 with nothing left holds
+	 * until its oldest request leaves the window, the retry time: cached
+	 * until the millisecond before, its times counted down. One of cost
+	 * 2 with 1 left is not: a check of cost 1 may pass meanwhile. */
+	CHECK(limiter_parse(&c->routes[0].limits, (long long[]){ 0, 1, 0, 0, 100, 40, 0 },
 	    7, &v) == 0);
 	denycache_put(dc, c, &c->routes[0], &c->routes[0].limits, "k9", 1, &v, 1000000,
 	    1000000, 1);
-	CHECK(denycache_get(dc, c, &c->routes[0], "k9", 1, 1000001, 1, &out) == 0);
+	CHECK(denycache_get(dc, c, &c->routes[0], "k9", 1, 1038999, 1, &out) == 1);
+	CHECK(out.r[0].retry_ms == 2 && out.r[0].reset_ms == 62 && out.r[0].remaining == 0);
+	CHECK(denycache_get(dc, c, &c->routes[0], "k9", 1, 1039000, 1, &out) == 0);
+	CHECK(limiter_parse(&c->routes[0].limits, (long long[]){ 0, 1, 0, 1, 100, 40, 0 },
+	    7, &v) == 0);
+	denycache_put(dc, c, &c->routes[0], &c->routes[0].limits, "k10", 2, &v, 1000000,
+	    1000000, 1);
+	CHECK(denycache_get(dc, c, &c->routes[0], "k10", 2, 1000001, 1, &out) == 0);
 	denycache_free(dc);
 	config_unref(c);
 }
