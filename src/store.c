@@ -50,6 +50,7 @@
 #define STORE_BACKOFF_MAX_US	1000000LL	/* never wait more than 1 s */
 #define STORE_STALL_MIN_US	1000000LL
 #define STORE_WATCHDOG_US	100000LL
+#define STORE_RETIRE_SLACK_US	100000LL
 #define STORE_REPLY_INTS_MAX	LIMITER_REPLY_INTS(CONFIG_LIMITS_MAX)
 /* Checks with Redis on one link past which new ones fail at once: with a
  * long redis.timeout, the age of the oldest call alone would let a Redis
@@ -78,18 +79,26 @@ struct store {
 						 * start of its log lines */
 	struct event_base	*st_base;
 	struct metrics		*st_metrics;
+	/* Where its state goes: the metrics gauge (the store serving the
+	 * checks), a watcher (one being connected while another serves), or
+	 * nowhere (one retired, answering what it was sent). */
+	enum { REPORT_GAUGE, REPORT_WATCHER, REPORT_NONE } st_report;
+	store_ready_cb		 st_ready;
+	void			*st_ready_arg;
 	redisAsyncContext	*st_ac;
 	enum store_state	 st_state;
 	int			 st_tcp_up;	/* onConnect(OK) seen */
 	unsigned long		 st_links;	/* times the link came up */
 
-	/* settings from the policy; a change means reconnecting */
+	/* settings from the policy; a change means another store */
 	char			*st_address;
 	char			*st_username;
 	char			*st_password;
 	int			 st_database;
 	long long		 st_connect_timeout_us;
+	long long		 st_timeout_us;	/* redis.timeout */
 	long long		 st_stall_us;
+	long long		 st_retired_us;	/* when another began to serve */
 
 	char			 st_sha[41];
 	int			 st_script_loading;
@@ -163,14 +172,38 @@ store_state_name(enum store_state state)
 	return names[state];
 }
 
+/* The state /readyz and the gauge show: a link is up once it has answered
+ * a script call. */
+static enum store_state
+shown_state(const struct store *st)
+{
+	if (st->st_state == STORE_UP && !st->st_answered)
+		return STORE_CONNECTING;
+	return st->st_state;
+}
+
+int
+store_settled(const struct store *st)
+{
+	return shown_state(st) != STORE_CONNECTING;
+}
+
 static void
 report_state(const struct store *st)
 {
-	enum store_state shown = st->st_state;
+	enum store_state shown = shown_state(st);
 
-	if (shown == STORE_UP && !st->st_answered)
-		shown = STORE_CONNECTING;
-	metrics_set_redis_state(st->st_metrics, (int)shown);
+	switch (st->st_report) {
+	case REPORT_GAUGE:
+		metrics_set_redis_state(st->st_metrics, (int)shown);
+		break;
+	case REPORT_WATCHER:
+		if (shown != STORE_CONNECTING)
+			st->st_ready(st->st_ready_arg);
+		break;
+	case REPORT_NONE:
+		break;
+	}
 }
 
 static void
@@ -910,55 +943,60 @@ replace(char **dst, const char *src)
 	*dst = src ? xstrdup(src) : NULL;
 }
 
+const char *
+store_address(const struct store *st)
+{
+	return st->st_address;
+}
+
+int
+store_same_link(const struct store *st, const struct config *c)
+{
+	return !str_differs(st->st_address, c->redis_address) &&
+	    !str_differs(st->st_username, c->redis_username) &&
+	    !str_differs(st->st_password, c->redis_password) &&
+	    st->st_database == c->redis_database;
+}
+
 void
 store_configure(struct store *st, const struct config *c)
 {
-	int changed = str_differs(st->st_address, c->redis_address) ||
-	    str_differs(st->st_username, c->redis_username) ||
-	    str_differs(st->st_password, c->redis_password) ||
-	    st->st_database != c->redis_database;
-
 	st->st_connect_timeout_us = c->redis_connect_timeout_us;
 	st->st_max_batch = c->redis_max_batch;
+	st->st_timeout_us = c->redis_timeout_us;
 	st->st_stall_us = c->redis_timeout_us * 4;
 	if (st->st_stall_us < STORE_STALL_MIN_US)
 		st->st_stall_us = STORE_STALL_MIN_US;
-	if (!changed)
-		return;
-	/* Checks until the new link is up follow the failure mode: say why. */
-	if (st->st_who != NULL && str_differs(st->st_address, c->redis_address))
-		log_info("%s: the policy moves this worker to redis %s; "
-		    "reconnecting", st->st_who, c->redis_address);
-	else if (st->st_who != NULL)
-		log_info("%s: the policy changes its credentials or database; "
-		    "reconnecting", st->st_who);
-	replace(&st->st_address, c->redis_address);
-	free(st->st_who);
-	st->st_who = xasprintf("worker %d: redis %s", st->st_worker,
-	    st->st_address);
-	replace(&st->st_username, c->redis_username);
-	replace(&st->st_password, c->redis_password);
-	st->st_database = c->redis_database;
-	st->st_backoff_us = STORE_BACKOFF_MIN_US;
-	if (st->st_ac) {
-		redisAsyncContext *ac = st->st_ac;
+}
 
-		st->st_ac = NULL;
-		redisAsyncFree(ac);
-	}
-	/* The old link's calls have had their callbacks: counted as pending,
-	 * they made the watchdog drop the new, healthy link a second later. */
-	st->st_inflight = 0;
-	st->st_tcp_up = 0;
-	st->st_stalled = 0;
-	st->st_readonly = 0;
-	event_del(st->st_retry_ev);
-	store_connect(st);
+void
+store_serve(struct store *st)
+{
+	st->st_report = REPORT_GAUGE;
+	report_state(st);
+}
+
+void
+store_retire(struct store *st)
+{
+	st->st_report = REPORT_NONE;
+	st->st_retired_us = mono_us();
+}
+
+int
+store_retired_done(const struct store *st)
+{
+	/* Every check sent here has its answer by redis.timeout after the
+	 * last was sent: from then on, freeing the store can only fail calls
+	 * whose checks were answered by their deadline. */
+	return (TAILQ_EMPTY(&st->st_queue) && TAILQ_EMPTY(&st->st_sent)) ||
+	    mono_us() - st->st_retired_us > st->st_timeout_us + STORE_RETIRE_SLACK_US;
 }
 
 struct store *
 store_new(int worker, struct event_base *base, const struct config *config,
-    struct metrics *metrics)
+    struct metrics *metrics, unsigned long links_before, store_ready_cb ready,
+    void *arg)
 {
 	struct store *st = xcalloc(1, sizeof(*st));
 	struct timeval wd = tv_us(STORE_WATCHDOG_US);
@@ -966,6 +1004,10 @@ store_new(int worker, struct event_base *base, const struct config *config,
 	st->st_worker = worker;
 	st->st_base = base;
 	st->st_metrics = metrics;
+	st->st_links = links_before;
+	st->st_report = ready != NULL ? REPORT_WATCHER : REPORT_GAUGE;
+	st->st_ready = ready;
+	st->st_ready_arg = arg;
 	TAILQ_INIT(&st->st_queue);
 	TAILQ_INIT(&st->st_sent);
 	st->st_backoff_us = STORE_BACKOFF_MIN_US;
@@ -977,8 +1019,14 @@ store_new(int worker, struct event_base *base, const struct config *config,
 	st->st_flush_ev = event_new(base, -1, 0, on_flush, st);
 	st->st_watchdog_ev = event_new(base, -1, EV_PERSIST, on_watchdog, st);
 	event_add(st->st_watchdog_ev, &wd);
-	set_state(st, STORE_DOWN);
+	st->st_state = STORE_DOWN;
 	store_configure(st, config);
+	replace(&st->st_address, config->redis_address);
+	st->st_who = xasprintf("worker %d: redis %s", worker, st->st_address);
+	replace(&st->st_username, config->redis_username);
+	replace(&st->st_password, config->redis_password);
+	st->st_database = config->redis_database;
+	store_connect(st);
 	return st;
 }
 

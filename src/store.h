@@ -59,11 +59,42 @@ struct store_call {
 
 struct store;
 
-/* worker: the id its log lines carry. */
+/* Called when a store made with one has settled (store_settled): see
+ * store_new. It runs inside the store's own code (store_new included), so
+ * it should only schedule what it does. */
+typedef void (*store_ready_cb)(void *arg);
+
+/*
+ * A store connecting to the policy's Redis. worker: the id its log lines
+ * carry. links_before: the links it counts from (see store_links), so a
+ * store that follows another never repeats its numbers. With ready NULL
+ * it reports its state to the metrics gauge: it serves the checks. With
+ * ready, it is connected while another serves, told to ready instead,
+ * until store_serve.
+ */
 struct store *store_new(int worker, struct event_base *base,
-    const struct config *config, struct metrics *metrics);
-/* Adopts the Redis settings of a new policy; reconnects if they changed. */
+    const struct config *config, struct metrics *metrics,
+    unsigned long links_before, store_ready_cb ready, void *arg);
+/* The policy's redis.address this store talks to. */
+const char *store_address(const struct store *st);
+/* Does the policy name the Redis this store talks to: the same address,
+ * database and credentials? Otherwise it takes another store. */
+int store_same_link(const struct store *st, const struct config *config);
+/* Adopts the settings of a new policy that the link keeps across:
+ * deadlines and the batch size. */
 void store_configure(struct store *st, const struct config *config);
+/* Is the link up and has it answered a script call (as /readyz counts
+ * up), or has an attempt failed? Ready to serve, either way: the policy
+ * names this Redis. */
+int store_settled(const struct store *st);
+/* The store serves the checks from now on: its state goes to the gauge. */
+void store_serve(struct store *st);
+/* Another store serves the checks now: this one answers what it was sent
+ * and reports nothing more. */
+void store_retire(struct store *st);
+/* Has a retired store answered all it was sent (or had the time to)? It
+ * may be freed then without failing a check that still waits. */
+int store_retired_done(const struct store *st);
 enum store_state store_state(const struct store *st);
 /* Is the link up with a call sent within_us ago or more still unanswered
  * (or too many checks with Redis)? Redis runs calls in order, so a new one

@@ -39,6 +39,97 @@ apply_http_settings(struct worker *w)
 	    (size_t)(total / n + (w->w_id < total % n)));
 }
 
+/* A retired store is looked at this often until it is freed. */
+#define WORKER_RETIRE_POLL_US	10000
+
+static void
+on_retire_check(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	struct timeval tv = tv_us(WORKER_RETIRE_POLL_US);
+
+	(void)fd;
+	(void)what;
+	if (w->w_retired_store == NULL)
+		return;
+	if (!store_retired_done(w->w_retired_store)) {
+		event_add(w->w_retire_ev, &tv);
+		return;
+	}
+	store_free(w->w_retired_store);
+	w->w_retired_store = NULL;
+}
+
+/* The new store is ready, or has failed an attempt (then checks follow
+ * the failure mode, as the policy names that Redis): it serves from now
+ * on, and the old one answers what it was sent. */
+static void
+on_promote(evutil_socket_t fd, short what, void *arg)
+{
+	struct worker *w = arg;
+	struct timeval tv = tv_us(WORKER_RETIRE_POLL_US);
+
+	(void)fd;
+	(void)what;
+	/* (One that settled may have been replaced since, by a reload.) */
+	if (w->w_next_store == NULL || !store_settled(w->w_next_store))
+		return;
+	/* Two moves within a redis.timeout: the checks still waiting on the
+	 * first link (if any) follow the failure mode. */
+	if (w->w_retired_store != NULL)
+		store_free(w->w_retired_store);
+	w->w_retired_store = w->w_store;
+	store_retire(w->w_retired_store);
+	w->w_store = w->w_next_store;
+	w->w_next_store = NULL;
+	store_serve(w->w_store);
+	event_add(w->w_retire_ev, &tv);
+}
+
+static void
+on_next_store_ready(void *arg)
+{
+	struct worker *w = arg;
+
+	event_active(w->w_promote_ev, EV_READ, 0);
+}
+
+/*
+ * A policy that names another Redis (address, database or credentials)
+ * gets a new store, make before break: the store that serves goes on
+ * serving until the new link answers a script call, or fails an attempt,
+ * or its connect_timeout passes, as Envoy warms a new cluster. Reconnecting
+ * in place failed every check of the handshake's milliseconds by its
+ * failure mode: a burst of 503s on a failure_mode: closed route for a
+ * routine change.
+ */
+static void
+move_store(struct worker *w, const struct config *c)
+{
+	if (store_same_link(w->w_store, c)) {
+		/* A move undone before it was made. */
+		store_free(w->w_next_store);
+		w->w_next_store = NULL;
+		store_configure(w->w_store, c);
+		return;
+	}
+	if (w->w_next_store != NULL && store_same_link(w->w_next_store, c)) {
+		store_configure(w->w_next_store, c);
+		return;
+	}
+	if (strcmp(c->redis_address, store_address(w->w_store)) != 0)
+		log_info("worker %d: redis %s: the policy moves this worker to "
+		    "redis %s; this link serves until that one is up", w->w_id,
+		    store_address(w->w_store), c->redis_address);
+	else
+		log_info("worker %d: redis %s: the policy changes its credentials "
+		    "or database; this link serves until a new one is up",
+		    w->w_id, store_address(w->w_store));
+	store_free(w->w_next_store);
+	w->w_next_store = store_new(w->w_id, w->w_base, c, w->w_metrics,
+	    store_links(w->w_store), on_next_store_ready, w);
+}
+
 static void
 on_config(evutil_socket_t fd, short what, void *arg)
 {
@@ -57,7 +148,7 @@ on_config(evutil_socket_t fd, short what, void *arg)
 	old = w->w_config;
 	w->w_config = c;
 	config_unref(old);
-	store_configure(w->w_store, c);
+	move_store(w, c);
 	apply_http_settings(w);
 }
 
@@ -176,7 +267,9 @@ worker_new(int id, int listen_fd, struct config *config)
 	w->w_drain_timer_ev = evtimer_new(w->w_base, on_drain_timeout, w);
 	w->w_stop_now_ev = event_new(w->w_base, -1, 0, on_stop_now, w);
 	w->w_flush_ev = evtimer_new(w->w_base, on_flush_check, w);
-	w->w_store = store_new(id, w->w_base, config, w->w_metrics);
+	w->w_promote_ev = event_new(w->w_base, -1, 0, on_promote, w);
+	w->w_retire_ev = evtimer_new(w->w_base, on_retire_check, w);
+	w->w_store = store_new(id, w->w_base, config, w->w_metrics, 0, NULL, NULL);
 	return w;
 }
 
@@ -193,6 +286,8 @@ worker_main(void *arg)
 	/* Everything is answered; now the teardown, in dependency order. */
 	check_finish_all(w);
 	store_free(w->w_store);
+	store_free(w->w_next_store);
+	store_free(w->w_retired_store);
 	server_free(w->w_server);
 	check_pool_free(w);
 	event_free(w->w_config_ev);
@@ -200,6 +295,8 @@ worker_main(void *arg)
 	event_free(w->w_drain_timer_ev);
 	event_free(w->w_stop_now_ev);
 	event_free(w->w_flush_ev);
+	event_free(w->w_promote_ev);
+	event_free(w->w_retire_ev);
 	denycache_free(w->w_denycache);
 	config_unref(w->w_config);
 	pthread_mutex_lock(&w->w_lock);

@@ -23,7 +23,15 @@ struct worker {
 	pthread_t		 w_thread;
 	struct event_base	*w_base;
 	struct server		*w_server;	/* HTTP on the shared socket */
-	struct store		*w_store;
+	struct store		*w_store;	/* serves the checks */
+	/* Make before break: when a reload names another Redis, the store
+	 * that serves goes on serving while w_next_store connects (see
+	 * on_config), then answers what it was sent as w_retired_store. */
+	struct store		*w_next_store;
+	struct store		*w_retired_store;
+	long long		 w_retire_until_us;
+	struct event		*w_promote_ev;
+	struct event		*w_retire_ev;
 	struct metrics		*w_metrics;
 	struct denycache	*w_denycache;
 	struct config		*w_config;	/* the policy new checks use */

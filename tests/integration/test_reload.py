@@ -364,10 +364,126 @@ def test_reload_moves_to_another_redis(ops_daemon, tmp_path):
         # The log says where each worker went, and that it is connected.
         log = d.log()
         assert "worker 0: redis 127.0.0.1:%d: the policy moves this worker to " \
-            "redis 127.0.0.1:%d; reconnecting" % (d.redis_port, other.port) in log, log
+            "redis 127.0.0.1:%d; this link serves until that one is up" \
+            % (d.redis_port, other.port) in log, log
         assert "worker 0: redis 127.0.0.1:%d: connected" % other.port in log, log
     finally:
         other.stop()
+
+
+class Checker:
+    """Checks sent back to back from 4 threads while the block runs; the
+    statuses seen, counted."""
+
+    def __init__(self, d, path="/check/api/x"):
+        self.d, self.path = d, path
+        self.counts = {}
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=self.run, args=(i,)) for i in range(4)]
+
+    def run(self, i):
+        session = requests.Session()
+        while not self.stop.is_set():
+            r = session.get(self.d.url(self.path), headers={"X-Key": "flow%d" % i}, timeout=5)
+            with self.lock:
+                self.counts[r.status_code] = self.counts.get(r.status_code, 0) + 1
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def test_a_move_to_another_redis_fails_no_check(ops_daemon, tmp_path):
+    """Make before break: the link that serves goes on serving until the
+    new one answers, so a route that fails closed answers no 503 while a
+    reload moves it, back and forth, under load. Reconnecting in place
+    failed every check of the handshake (49 of 6,400 in 10 moves)."""
+    from conftest import RedisServer
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    other = RedisServer(other_dir).start()
+    try:
+        text = policy(route("api", "/api/", fw(10 ** 9)), top="failure_mode: closed\n")
+        d = ops_daemon(text)
+        ports = [d.redis_port, other.port]
+        with Checker(d) as flow:
+            for i in range(6):
+                port = ports[(i + 1) % 2]
+                d.write_policy(text.replace("{redis_port}", str(port)))
+                d.signal(signal.SIGHUP)
+                assert wait_until(lambda: get_policy(d)["redis"]["address"] ==
+                                  "127.0.0.1:%d" % port, timeout=RELOAD_S)
+                # the move is made once a check lands in the Redis it names
+                client = redis.Redis(port=port)
+                key = "rl:{api:move%d}:q:fixed_window" % i
+                assert wait_until(lambda: counted(d, "move%d" % i) == 200 and
+                                  client.exists(key), timeout=3)
+                time.sleep(0.2)
+        assert set(flow.counts) == {200}, flow.counts
+        assert flow.counts[200] > 100, flow.counts
+        # every move reached the Redis it named
+        log = d.log()
+        assert log.count("the policy moves this worker") == 6, log
+        assert log.count("worker 0: redis 127.0.0.1:%d: connected" % other.port) == 3, log
+    finally:
+        other.stop()
+
+
+def test_a_move_to_a_redis_that_never_answers_follows_the_failure_mode(ops_daemon):
+    """A new Redis that takes the connection but never answers: the old
+    link serves until the new one's connect_timeout, no longer (the policy
+    names the new one), and checks then follow the failure mode."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    try:
+        text = policy(route("api", "/api/", fw(10 ** 9)), top="failure_mode: closed\n",
+                      redis="  connect_timeout: 1s\n")
+        d = ops_daemon(text)
+        assert counted(d, "k") == 200
+        d.write_policy(text.replace("{redis_port}", str(silent.getsockname()[1])))
+        t0 = time.monotonic()
+        d.signal(signal.SIGHUP)
+        assert wait_until(lambda: "the policy moves this worker" in d.log(), timeout=RELOAD_S)
+        # served by the old link meanwhile, which /readyz and the gauge show
+        assert counted(d, "k") == 200
+        assert requests.get(d.url("/readyz"), timeout=1).status_code == 200
+        assert scrape(d).get("ratelimitd_redis_connected") == 1
+        assert wait_until(lambda: counted(d, "k") == 503, timeout=3)
+        waited = time.monotonic() - t0
+        assert 0.9 <= waited <= 2.5, waited
+        assert requests.get(d.url("/readyz"), timeout=1).status_code == 503
+        m = scrape(d)
+        assert m.has("ratelimitd_redis_connected") and \
+            m.get("ratelimitd_redis_connected") == 0, m.text
+    finally:
+        silent.close()
+
+
+def test_a_move_to_a_redis_that_is_not_there_follows_the_failure_mode_at_once(ops_daemon):
+    """A refused connection is a failed attempt: no waiting for the
+    connect_timeout, the new store serves (and fails open) at once."""
+    text = policy(route("api", "/api/", fw(10 ** 9)), redis="  connect_timeout: 5s\n")
+    d = ops_daemon(text)
+    assert counted(d, "k") == 200
+    d.write_policy(text.replace("{redis_port}", str(free_port())))
+    d.signal(signal.SIGHUP)
+    t0 = time.monotonic()
+    assert wait_until(lambda: check(d, "/check/api/x", headers={"X-Key": "k"})
+                      .headers.get("X-RateLimit-Remaining") == "-1", timeout=3)
+    assert time.monotonic() - t0 < 2.0
+    assert requests.get(d.url("/readyz"), timeout=1).status_code == 503
+    # the gauge says so too
+    m = scrape(d)
+    assert m.has("ratelimitd_redis_connected") and \
+        m.get("ratelimitd_redis_connected") == 0, m.text
 
 
 @contextlib.contextmanager
