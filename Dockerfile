@@ -33,7 +33,7 @@ FROM debian:12-slim
 # apt adds libevent-core-2.1-7, which libevent-pthreads needs).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-        libevent-2.1-7 libevent-extra-2.1-7 libevent-pthreads-2.1-7 \
+        libevent-2.1-7 libevent-pthreads-2.1-7 \
         libhiredis0.14 libjansson4 libyaml-0-2 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 ratelimitd \

@@ -13,7 +13,7 @@ CFLAGS	?= -g -O2
 # the -g -O2 above, not the language, warnings and sanitizer flags.
 override CFLAGS	+= -std=c11 -D_POSIX_C_SOURCE=200809L $(WARN) \
 	   $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-LDLIBS	 = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -levent_extra -lpthread
+LDLIBS	 = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread
 
 ifdef SANITIZE
 BUILD	 = build/asan
