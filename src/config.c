@@ -34,7 +34,6 @@
 #define US_PER_S	1000000LL
 #define DURATION_MAX_US	(366LL * 24 * 3600 * US_PER_S)	/* one year */
 #define QUOTA_MAX	1000000000000LL
-#define NAME_MAX_LEN	64
 #define REGEX_MAX_LEN	4096
 /* See restore_flow_colons. */
 #define FLOW_COLON		"\xee\x80\x80"
@@ -1117,7 +1116,7 @@ valid_name(const char *s)
 {
 	size_t n = strlen(s);
 
-	if (n == 0 || n > NAME_MAX_LEN)
+	if (n == 0 || n > CONFIG_NAME_MAX)
 		return 0;
 	for (const char *p = s; *p; p++)
 		if (!isalnum((unsigned char)*p) && *p != '_' && *p != '-' && *p != '.')
@@ -1511,7 +1510,7 @@ on_limit_name(struct loader *ld, const struct node *nd, const char *key, void *t
 		return -1;
 	if (!valid_name(d->l.name)) {
 		node_error(ld, nd, "%s: \"%s\" must be 1-%d characters of "
-		    "A-Z a-z 0-9 _ - .", key, echo(ld, d->l.name), NAME_MAX_LEN);
+		    "A-Z a-z 0-9 _ - .", key, echo(ld, d->l.name), CONFIG_NAME_MAX);
 		return -1;
 	}
 	return 0;
@@ -1841,7 +1840,7 @@ on_route_name(struct loader *ld, const struct node *nd, const char *key, void *t
 		return -1;
 	if (!valid_name(d->r.name)) {
 		node_error(ld, nd, "%s: \"%s\" must be 1-%d characters of "
-		    "A-Z a-z 0-9 _ - .", key, echo(ld, d->r.name), NAME_MAX_LEN);
+		    "A-Z a-z 0-9 _ - .", key, echo(ld, d->r.name), CONFIG_NAME_MAX);
 		return -1;
 	}
 	return 0;

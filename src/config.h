@@ -25,6 +25,7 @@
 #define CONFIG_CONNECTIONS_MAX	1000000
 #define CONFIG_FDS_RESERVED	(64 + 2 * CONFIG_WORKERS_MAX)
 #define CONFIG_KEY_RAW_MAX	256	/* longer client keys are hashed */
+#define CONFIG_NAME_MAX		64	/* a route's or a limit's name */
 
 enum algorithm {
 	ALGORITHM_FIXED_WINDOW,

@@ -16,7 +16,8 @@ struct denycache;
 struct denycache *denycache_new(void);
 void denycache_free(struct denycache *dc);
 /*
- * Remembers a denial if it can be exact. Times are CLOCK_MONOTONIC: sent_us
+ * Remembers a denial if it can be exact; v as limiter_parse reads it (its
+ * times at most LIMITER_MS_MAX). Times are CLOCK_MONOTONIC: sent_us
  * when the call was handed to Redis (Redis decided after it), now_us when
  * the reply arrived. link is store_links() at the reply.
  */

@@ -240,6 +240,21 @@ limiter_command_free(struct limiter_command *cmd)
 	memset(cmd, 0, sizeof(*cmd));
 }
 
+/*
+ * A time of the reply, in [0, LIMITER_MS_MAX]. A policy can name times
+ * past it (a bucket of a million million at 1/366d, denied a cost above
+ * its burst, is told the time it would take to fill), which no client
+ * waits for; capped, every time in microseconds fits a long long, for the
+ * deny cache's deadlines and the shaping timer.
+ */
+static long long
+time_ms(long long ms)
+{
+	if (ms < 0)
+		return 0;
+	return ms > LIMITER_MS_MAX ? LIMITER_MS_MAX : ms;
+}
+
 int
 limiter_parse(const struct limit_set *set, const long long *ints, size_t n,
     struct verdict *v)
@@ -256,9 +271,9 @@ limiter_parse(const struct limit_set *set, const long long *ints, size_t n,
 
 		r->allowed = p[0] == 1;
 		r->remaining = p[1] < 0 ? 0 : p[1];
-		r->reset_ms = p[2] < 0 ? 0 : p[2];
-		r->retry_ms = p[3] < 0 ? 0 : p[3];
-		r->delay_ms = p[4] < 0 ? 0 : p[4];
+		r->reset_ms = time_ms(p[2]);
+		r->retry_ms = time_ms(p[3]);
+		r->delay_ms = time_ms(p[4]);
 		if (!r->allowed && r->retry_ms > v->retry_ms)
 			v->retry_ms = r->retry_ms;
 		if (v->allowed && set->limits[i].delay && r->delay_ms > v->delay_ms)
@@ -280,7 +295,7 @@ limiter_parse(const struct limit_set *set, const long long *ints, size_t n,
 long long
 limiter_ms_to_s(long long ms)
 {
-	return ms <= 0 ? 0 : (ms + 999) / 1000;
+	return ms <= 0 ? 0 : ms / 1000 + (ms % 1000 != 0);
 }
 
 void

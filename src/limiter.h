@@ -12,7 +12,11 @@
 
 /* An encoded client key: 256 bytes percent-encoded, or '#' + 64 hex. */
 #define LIMITER_CLIENT_MAX	(CONFIG_KEY_RAW_MAX * 3 + 1)
-#define LIMITER_IETF_MAX	(CONFIG_LIMITS_MAX * 96)
+/* One IETF list item at its longest: ", ", the quoted name, two ";k=N". */
+#define LIMITER_IETF_ITEM_MAX	(2 + CONFIG_NAME_MAX + 2 + 2 * (3 + FMT_LL_MAX))
+#define LIMITER_IETF_MAX	(CONFIG_LIMITS_MAX * LIMITER_IETF_ITEM_MAX + 1)
+/* The longest time a verdict carries: 10^15 ms, about 31,700 years. */
+#define LIMITER_MS_MAX		1000000000000000LL
 
 /* A piece of a command under construction: an offset into buf, so the
  * buffer may grow while checks are added. */
@@ -90,8 +94,8 @@ void limiter_command_free(struct limiter_command *cmd);
 /* The script's reply to one check: 2 + 5 integers per limit. */
 #define LIMITER_REPLY_INTS(nlimits)	(2 + 5 * (nlimits))
 
-/* Reads one check's slice of the script reply into v; 0, or -1 when
- * malformed. */
+/* Reads one check's slice of the script reply into v, its times capped
+ * at LIMITER_MS_MAX; 0, or -1 when malformed. */
 int limiter_parse(const struct limit_set *set, const long long *ints, size_t n,
     struct verdict *v);
 

@@ -5,6 +5,7 @@
  * deny cache. A {name, fn} table; the last line is "N passed, N failed".
  */
 #define _GNU_SOURCE
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -665,6 +666,55 @@ test_verdict_and_headers(void)
 	CHECK_STR(h.remaining, "-1");
 	CHECK(limiter_ms_to_s(1) == 1 && limiter_ms_to_s(1000) == 1 &&
 	    limiter_ms_to_s(1001) == 2 && limiter_ms_to_s(0) == 0);
+	CHECK(limiter_ms_to_s(LLONG_MAX) == LLONG_MAX / 1000 + 1);
+
+	/* A policy can name times no client waits for (found by fuzzing:
+	 * denycache_put and the shaping timer multiplied them into
+	 * microseconds past a long long); they are capped as read. */
+	{
+		long long huge[] = { 0, 5000, 0, 0, LLONG_MAX, LLONG_MAX - 5, LLONG_MAX,
+		    1, 977, 1800000, 0, 0 };
+
+		CHECK(limiter_parse(&set, huge, 12, &v) == 0);
+		CHECK(v.r[0].reset_ms == LIMITER_MS_MAX && v.r[0].retry_ms == LIMITER_MS_MAX &&
+		    v.r[0].delay_ms == LIMITER_MS_MAX && v.retry_ms == LIMITER_MS_MAX);
+	}
+
+	/* The IETF fields of the longest route, whole (found by fuzzing: cut
+	 * at 1535 bytes, the last item read "P...";q=10000000000). */
+	{
+		struct limit many[CONFIG_LIMITS_MAX];
+		char names[CONFIG_LIMITS_MAX][CONFIG_NAME_MAX + 1], last[256];
+		long long ints[LIMITER_REPLY_INTS(CONFIG_LIMITS_MAX)];
+		struct limit_set big = { many, CONFIG_LIMITS_MAX, 0, 0 };
+
+		for (int i = 0; i < CONFIG_LIMITS_MAX; i++) {
+			memset(names[i], 'P', CONFIG_NAME_MAX);
+			names[i][CONFIG_NAME_MAX] = '\0';
+			names[i][0] = (char)('a' + i);
+			many[i] = (struct limit){ names[i], ALGORITHM_TOKEN_BUCKET,
+			    LLONG_MAX, 0, 0, 1, LLONG_MAX, 0 };
+		}
+		ints[0] = 0;
+		ints[1] = LLONG_MIN;
+		for (int i = 0; i < CONFIG_LIMITS_MAX; i++) {
+			long long *p = ints + 2 + 5 * i;
+
+			p[0] = 0;
+			p[1] = LLONG_MAX;
+			p[2] = p[3] = p[4] = LLONG_MAX;
+		}
+		CHECK(limiter_parse(&big, ints, LIMITER_REPLY_INTS(CONFIG_LIMITS_MAX), &v) == 0);
+		limiter_format(&big, &v, 1, &h);
+		snprintf(last, sizeof(last), "\"%s\";q=%lld;w=%lld", names[15], LLONG_MAX,
+		    config_limit_window_seconds(&many[15]));
+		CHECK(strlen(h.policy) > strlen(last) &&
+		    strcmp(h.policy + strlen(h.policy) - strlen(last), last) == 0);
+		snprintf(last, sizeof(last), "\"%s\";r=%lld;t=%lld", names[15], LLONG_MAX,
+		    limiter_ms_to_s(LIMITER_MS_MAX));
+		CHECK(strlen(h.ratelimit) > strlen(last) &&
+		    strcmp(h.ratelimit + strlen(h.ratelimit) - strlen(last), last) == 0);
+	}
 }
 
 static void
