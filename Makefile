@@ -124,17 +124,26 @@ run: deps
 bench: deps-test
 	bash scripts/bench.sh
 
-# Fuzzes the policy loader (config.c and what it uses) and the HTTP server
-# with libFuzzer, ASan and UBSan, for FUZZ_SECONDS (default 60) each. The
-# code under test is compiled with the target, so that libFuzzer's coverage
-# instrumentation reaches it (objects built without it would leave the
-# fuzzer blind to every branch but the harness's own).
+# Fuzzes the policy loader (config.c and what it uses), the HTTP server,
+# the request path of one worker (every module but main.c, with Redis
+# down) and the verdict modules (limiter.c, denycache.c) with libFuzzer,
+# ASan and UBSan, for FUZZ_SECONDS (default 60) each. The code under test
+# is compiled with the target, so that libFuzzer's coverage instrumentation
+# reaches it (objects built without it would leave the fuzzer blind to
+# every branch but the harness's own). fuzz_check's dictionary lets a
+# mutation write a whole token (a header, a percent-escape) over a
+# request's bytes, which keeps a body's Content-Length right, where
+# inserted bytes would make it wrong.
 FUZZ_SECONDS ?= 60
 FUZZ_CFLAGS = $(CFLAGS) -fsanitize=fuzzer,address,undefined \
 	      -fno-sanitize-recover=all -fno-omit-frame-pointer -Isrc
 POLICY_FUZZ_SRCS = tests/fuzz/fuzz_policy.c src/config.c src/policy.c src/log.c \
 		   src/xmalloc.c
 HTTP_FUZZ_SRCS = tests/fuzz/fuzz_http.c src/server.c src/log.c src/xmalloc.c
+# The whole daemon but main.c, as one worker of it runs.
+CHECK_FUZZ_SRCS = tests/fuzz/fuzz_check.c $(LIBSRCS) $(BUILD)/obj/script.c
+VERDICT_FUZZ_SRCS = tests/fuzz/fuzz_verdict.c src/limiter.c src/denycache.c \
+		    src/config.c src/policy.c src/sha256.c src/log.c src/xmalloc.c
 
 build/fuzz_policy: $(POLICY_FUZZ_SRCS) $(wildcard src/*.h) | build
 	clang $(FUZZ_CFLAGS) -o $@ $(POLICY_FUZZ_SRCS) $(LDLIBS)
@@ -142,12 +151,23 @@ build/fuzz_policy: $(POLICY_FUZZ_SRCS) $(wildcard src/*.h) | build
 build/fuzz_http: $(HTTP_FUZZ_SRCS) $(wildcard src/*.h) | build
 	clang $(FUZZ_CFLAGS) -o $@ $(HTTP_FUZZ_SRCS) $(LDLIBS)
 
-fuzz: build/fuzz_policy build/fuzz_http
-	mkdir -p build/fuzz-corpus build/fuzz-http-corpus
+build/fuzz_check: $(CHECK_FUZZ_SRCS) $(wildcard src/*.h) | build
+	clang $(FUZZ_CFLAGS) -o $@ $(CHECK_FUZZ_SRCS) $(LDLIBS)
+
+build/fuzz_verdict: $(VERDICT_FUZZ_SRCS) $(wildcard src/*.h) | build
+	clang $(FUZZ_CFLAGS) -o $@ $(VERDICT_FUZZ_SRCS) $(LDLIBS)
+
+fuzz: build/fuzz_policy build/fuzz_http build/fuzz_check build/fuzz_verdict
+	mkdir -p build/fuzz-corpus build/fuzz-http-corpus build/fuzz-check-corpus \
+	    build/fuzz-verdict-corpus
 	build/fuzz_policy -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
 	    build/fuzz-corpus tests/fuzz/corpus
 	build/fuzz_http -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
 	    build/fuzz-http-corpus tests/fuzz/http-corpus
+	build/fuzz_check -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	    -dict=tests/fuzz/check.dict build/fuzz-check-corpus tests/fuzz/check-corpus
+	build/fuzz_verdict -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
+	    build/fuzz-verdict-corpus tests/fuzz/verdict-corpus
 
 clean:
 	rm -rf build

@@ -120,52 +120,6 @@ log_warnings(const struct config *c)
 		    "LimitNOFILE) for more", c->max_connections, in_force);
 }
 
-/* delay is set only on a leaky_bucket (the loader refuses it elsewhere),
- * as the limiter reads it too. */
-static int
-set_shapes(const struct limit_set *set)
-{
-	for (size_t i = 0; i < set->nlimits; i++)
-		if (set->limits[i].delay)
-			return 1;
-	return 0;
-}
-
-/* Does the route hold replies (a leaky_bucket with delay: true)? */
-static int
-route_shapes(const struct route *r)
-{
-	if (set_shapes(&r->limits))
-		return 1;
-	for (size_t i = 0; i < r->noverrides; i++)
-		if (set_shapes(&r->overrides[i].set))
-			return 1;
-	return 0;
-}
-
-/* Interns route names for metric labels (stable across reloads), and
- * shows each route's series for the results it can have, from 0. */
-static void
-assign_metric_ids(struct config *c)
-{
-	unsigned *ids = xcalloc(c->nroutes ? c->nroutes : 1, sizeof(*ids));
-	unsigned *results = xcalloc(c->nroutes ? c->nroutes : 1, sizeof(*results));
-
-	for (size_t i = 0; i < c->nroutes; i++) {
-		const struct route *r = &c->routes[i];
-
-		c->routes[i].metric_id = ids[i] = metrics_route_id(r->name);
-		results[i] = 1u << RESULT_ALLOWED |
-		    1u << (r->shadow ? RESULT_SHADOW_DENIED : RESULT_DENIED) |
-		    1u << (config_route_failure_mode(c, r) == FAILURE_MODE_CLOSED ?
-		    RESULT_FAILED_CLOSED : RESULT_FAILED_OPEN) |
-		    (route_shapes(r) ? METRICS_SHOWN_SHAPES : 0);
-	}
-	metrics_show_routes(ids, results, c->nroutes);
-	free(ids);
-	free(results);
-}
-
 /* Nobody accepts at the socket (connect is refused)? Accepted, or a full
  * backlog (EAGAIN), means a listener is there; any other failure (no
  * permission, a datagram socket) is said as it is, and the socket left. */
@@ -335,7 +289,7 @@ reload(struct env *env, const char *why)
 		c->workers = env->config->workers;
 	}
 	c->workers_running = env->config->workers_running;
-	assign_metric_ids(c);
+	metrics_show_policy(c);
 	policy_prepare(c);
 	log_configure((enum log_level)c->log_level, (enum log_format)c->log_format);
 	for (int i = 0; i < env->nworkers; i++)
@@ -639,7 +593,7 @@ run(const char *path)
 	log_configure((enum log_level)env.config->log_level,
 	    (enum log_format)env.config->log_format);
 	log_warnings(env.config);
-	assign_metric_ids(env.config);
+	metrics_show_policy(env.config);
 	policy_prepare(env.config);
 
 	memset(&sa, 0, sizeof(sa));

@@ -8,10 +8,12 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <event2/buffer.h>
 
+#include "config.h"
 #include "log.h"
 #include "metrics.h"
 #include "store.h"
@@ -52,6 +54,10 @@ static atomic_int metrics_last_reload_ok = 1;
 /* Per route id, the results shown at 0 (see metrics_show_routes). */
 static unsigned metrics_shown[METRICS_ROUTES_MAX];
 
+/* Beside the results' bits in metrics_shown: the route holds replies
+ * (shaping), for ratelimitd_route_info. */
+#define METRICS_SHOWN_SHAPES	(1u << RESULT_COUNT)
+
 static const char *const result_names[RESULT_COUNT] = {
 	"allowed", "denied", "shadow_denied", "failed_open", "failed_closed",
 	"no_route",
@@ -79,7 +85,8 @@ metrics_new(void)
 	return m;
 }
 
-unsigned
+/* The id of a route name for labels; 0 is the empty route (no match). */
+static unsigned
 metrics_route_id(const char *name)
 {
 	unsigned n, id = 0;
@@ -120,7 +127,10 @@ out:
 	return id;
 }
 
-void
+/* The routes in force: route ids[i] shows the results in bit mask
+ * results[i] (1u << enum check_result) even while they are 0, so a
+ * Prometheus rate() sees their first increase. Replaces the last set. */
+static void
 metrics_show_routes(const unsigned *ids, const unsigned *results, size_t n)
 {
 	(void)metrics_route_id("");	/* id 0, even with no route */
@@ -130,6 +140,50 @@ metrics_show_routes(const unsigned *ids, const unsigned *results, size_t n)
 	for (size_t i = 0; i < n; i++)
 		metrics_shown[ids[i]] |= results[i];	/* "(other)" takes several */
 	pthread_mutex_unlock(&metrics_lock);
+}
+
+/* delay is set only on a leaky_bucket (the loader refuses it elsewhere),
+ * as the limiter reads it too. */
+static int
+set_shapes(const struct limit_set *set)
+{
+	for (size_t i = 0; i < set->nlimits; i++)
+		if (set->limits[i].delay)
+			return 1;
+	return 0;
+}
+
+/* Does the route hold replies (a leaky_bucket with delay: true)? */
+static int
+route_shapes(const struct route *r)
+{
+	if (set_shapes(&r->limits))
+		return 1;
+	for (size_t i = 0; i < r->noverrides; i++)
+		if (set_shapes(&r->overrides[i].set))
+			return 1;
+	return 0;
+}
+
+void
+metrics_show_policy(struct config *c)
+{
+	unsigned *ids = xcalloc(c->nroutes ? c->nroutes : 1, sizeof(*ids));
+	unsigned *results = xcalloc(c->nroutes ? c->nroutes : 1, sizeof(*results));
+
+	for (size_t i = 0; i < c->nroutes; i++) {
+		const struct route *r = &c->routes[i];
+
+		c->routes[i].metric_id = ids[i] = metrics_route_id(r->name);
+		results[i] = 1u << RESULT_ALLOWED |
+		    1u << (r->shadow ? RESULT_SHADOW_DENIED : RESULT_DENIED) |
+		    1u << (config_route_failure_mode(c, r) == FAILURE_MODE_CLOSED ?
+		    RESULT_FAILED_CLOSED : RESULT_FAILED_OPEN) |
+		    (route_shapes(r) ? METRICS_SHOWN_SHAPES : 0);
+	}
+	metrics_show_routes(ids, results, c->nroutes);
+	free(ids);
+	free(results);
 }
 
 void

@@ -24,18 +24,15 @@ enum redis_error_kind {
 #define METRICS_ROUTES_MAX 1024	/* distinct route names ever seen */
 #define METRICS_ROUTE_OTHER "(other)"	/* the label past the table */
 
+struct config;
 struct metrics;
 
 struct metrics *metrics_new(void);
-/* The id of a route name for labels; 0 is the empty route (no match). */
-unsigned metrics_route_id(const char *name);
-/* Beside the results' bits in metrics_show_routes: the route holds
- * replies (shaping), for ratelimitd_route_info. */
-#define METRICS_SHOWN_SHAPES	(1u << RESULT_COUNT)
-/* The routes in force: route ids[i] shows the results in bit mask
- * results[i] (1u << enum check_result) even while they are 0, so a
- * Prometheus rate() sees their first increase. Replaces the last set. */
-void metrics_show_routes(const unsigned *ids, const unsigned *results, size_t n);
+/* Gives each route of a loaded policy its label's id (route->metric_id,
+ * stable across reloads by name) and shows the series of the results it
+ * can have from 0, in place of the last policy's. Once per policy, before
+ * a worker uses it. */
+void metrics_show_policy(struct config *config);
 void metrics_check(struct metrics *m, unsigned route_id, enum check_result r,
     uint64_t duration_ns);
 void metrics_redis_error(struct metrics *m, enum redis_error_kind kind);
