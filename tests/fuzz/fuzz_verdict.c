@@ -377,10 +377,9 @@ struct put {
 /*
  * May this hit be the cached reply of put p? The same route, policy
  * generation, client, cost and link (denycache.h); not past the latest
- * retry time of its denying limits counted from the send, nor
- * DENYCACHE_MAX_US after the reply, and all of its denying limits of an
- * algorithm whose denial cannot end early (denycache.c); the reply Redis
- * gave, with times aged, never extended.
+ * retry time of its denying limits counted from the send (no denial of
+ * any algorithm ends before it: denycache.h), nor DENYCACHE_MAX_US after
+ * the reply; the reply Redis gave, with times aged, never extended.
  */
 static int
 hit_of(const struct put *p, const struct config *config,
@@ -396,7 +395,6 @@ hit_of(const struct put *p, const struct config *config,
 		return 0;
 	for (size_t i = 0; i < p->v.n; i++) {
 		const struct limit_result *a = &p->v.r[i], *b = &out->r[i];
-		enum algorithm alg = route->limits.limits[i].algorithm;
 
 		/* (a denying limit that gave no time is told 1 ms) */
 		if (a->allowed != b->allowed || a->remaining != b->remaining ||
@@ -405,9 +403,6 @@ hit_of(const struct put *p, const struct config *config,
 			return 0;
 		if (a->allowed)
 			continue;
-		if (alg != ALGORITHM_FIXED_WINDOW && alg != ALGORITHM_TOKEN_BUCKET &&
-		    alg != ALGORITHM_GCRA)
-			return 0;
 		if (a->retry_ms > retry_ms)
 			retry_ms = a->retry_ms;
 	}
