@@ -139,22 +139,24 @@ FUZZ_CFLAGS = $(CFLAGS) -fsanitize=fuzzer,address,undefined \
 	      -fno-sanitize-recover=all -fno-omit-frame-pointer -Isrc
 POLICY_FUZZ_SRCS = tests/fuzz/fuzz_policy.c src/config.c src/policy.c src/log.c \
 		   src/xmalloc.c
-HTTP_FUZZ_SRCS = tests/fuzz/fuzz_http.c src/server.c src/log.c src/xmalloc.c
+HTTP_FUZZ_SRCS = tests/fuzz/fuzz_http.c tests/fuzz/loopback.c src/server.c src/log.c \
+		 src/xmalloc.c
 # The whole daemon but main.c, as one worker of it runs.
-CHECK_FUZZ_SRCS = tests/fuzz/fuzz_check.c $(LIBSRCS) $(BUILD)/obj/script.c
+CHECK_FUZZ_SRCS = tests/fuzz/fuzz_check.c tests/fuzz/loopback.c $(LIBSRCS) \
+		  $(BUILD)/obj/script.c
 VERDICT_FUZZ_SRCS = tests/fuzz/fuzz_verdict.c src/limiter.c src/denycache.c \
 		    src/config.c src/policy.c src/sha256.c src/log.c src/xmalloc.c
 
-build/fuzz_policy: $(POLICY_FUZZ_SRCS) $(wildcard src/*.h) | build
+build/fuzz_policy: $(POLICY_FUZZ_SRCS) $(wildcard src/*.h tests/fuzz/*.h) | build
 	clang $(FUZZ_CFLAGS) -o $@ $(POLICY_FUZZ_SRCS) $(LDLIBS)
 
-build/fuzz_http: $(HTTP_FUZZ_SRCS) $(wildcard src/*.h) | build
+build/fuzz_http: $(HTTP_FUZZ_SRCS) $(wildcard src/*.h tests/fuzz/*.h) | build
 	clang $(FUZZ_CFLAGS) -o $@ $(HTTP_FUZZ_SRCS) $(LDLIBS)
 
-build/fuzz_check: $(CHECK_FUZZ_SRCS) $(wildcard src/*.h) | build
+build/fuzz_check: $(CHECK_FUZZ_SRCS) $(wildcard src/*.h tests/fuzz/*.h) | build
 	clang $(FUZZ_CFLAGS) -o $@ $(CHECK_FUZZ_SRCS) $(LDLIBS)
 
-build/fuzz_verdict: $(VERDICT_FUZZ_SRCS) $(wildcard src/*.h) | build
+build/fuzz_verdict: $(VERDICT_FUZZ_SRCS) $(wildcard src/*.h tests/fuzz/*.h) | build
 	clang $(FUZZ_CFLAGS) -o $@ $(VERDICT_FUZZ_SRCS) $(LDLIBS)
 
 fuzz: build/fuzz_policy build/fuzz_http build/fuzz_check build/fuzz_verdict

@@ -21,7 +21,6 @@
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdint.h>
@@ -41,8 +40,7 @@
 #include "policy.h"
 #include "worker.h"
 #include "xmalloc.h"
-
-#define FUZZ_LOOPS_MAX	200
+#include "loopback.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -179,7 +177,6 @@ setup(void)
 {
 	struct sigaction sa;
 	struct config *c;
-	socklen_t alen = sizeof(addr);
 	int fd;
 
 	memset(&sa, 0, sizeof(sa));
@@ -193,15 +190,7 @@ setup(void)
 	policy_prepare(c);
 	c->workers_running = 1;
 
-	if ((fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0)) == -1)
-		abort();
-	memset(&addr, 0, sizeof(addr));
-	addr.sin_family = AF_INET;
-	addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) == -1 ||
-	    listen(fd, 64) == -1 ||
-	    getsockname(fd, (struct sockaddr *)&addr, &alen) == -1)
-		abort();
+	fd = loopback_listen(&addr);
 	w = worker_new(0, fd, c);
 	config_unref(c);	/* the worker holds its own reference */
 	close(fd);		/* and its server a dup */
@@ -292,11 +281,12 @@ check_replies(const char *buf, size_t len)
 
 /* Reads what the server sent; 1 once it has closed the connection. */
 static int
-read_replies(int fd)
+read_replies(int fd, void *arg)
 {
 	ssize_t n;
 	size_t used;
 
+	(void)arg;
 	for (;;) {
 		if (replies_cap - replies_len < 65536) {
 			replies_cap = replies_cap ? replies_cap * 2 : 262144;
@@ -316,37 +306,9 @@ read_replies(int fd)
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	size_t off = 0;
-	int fd, closed = 0;
-
 	if (w == NULL)
 		setup();
 	replies_len = 0;
-	if ((fd = socket(AF_INET, SOCK_STREAM, 0)) == -1)
-		return 0;
-	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) == -1) {
-		close(fd);
-		return 0;
-	}
-	fcntl(fd, F_SETFL, O_NONBLOCK);
-	for (int i = 0; i < FUZZ_LOOPS_MAX && !closed; i++) {
-		if (off < size) {
-			ssize_t n = write(fd, data + off, size - off);
-
-			if (n > 0)
-				off += (size_t)n;
-			else if (n == -1 && errno != EAGAIN)
-				off = size;	/* refused mid-body: the server closed */
-			if (off == size)
-				shutdown(fd, SHUT_WR);
-		} else if (size == 0 && i == 0)
-			shutdown(fd, SHUT_WR);
-		event_base_loop(w->w_base, EVLOOP_NONBLOCK);
-		closed = read_replies(fd);
-	}
-	close(fd);
-	/* Let the server see the close of a connection it still held. */
-	for (int i = 0; i < 4; i++)
-		event_base_loop(w->w_base, EVLOOP_NONBLOCK);
+	loopback_exchange(w->w_base, &addr, data, size, read_replies, NULL);
 	return 0;
 }

@@ -9,21 +9,17 @@
  * `make fuzz` (clang, ASan + UBSan).
  */
 #define _GNU_SOURCE
-#include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <event2/event.h>
 
+#include "loopback.h"
 #include "server.h"
-
-#define FUZZ_LOOPS_MAX	200
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -64,63 +60,34 @@ handler(struct http_request *req, void *arg)
 static void
 setup(void)
 {
-	socklen_t alen = sizeof(addr);
 	int fd;
 
-	base = event_base_new();
-	if (base == NULL || (fd = socket(AF_INET, SOCK_STREAM, 0)) == -1)
+	if ((base = event_base_new()) == NULL)
 		abort();
-	memset(&addr, 0, sizeof(addr));
-	addr.sin_family = AF_INET;
-	addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	if (bind(fd, (struct sockaddr *)&addr, sizeof(addr)) == -1 ||
-	    listen(fd, 64) == -1 ||
-	    getsockname(fd, (struct sockaddr *)&addr, &alen) == -1)
-		abort();
-	fcntl(fd, F_SETFL, O_NONBLOCK);
+	fd = loopback_listen(&addr);
 	srv = server_new(base, fd, handler, NULL);
 	server_set_idle_timeout(srv, 1000000);
 	close(fd);		/* the server holds its own dup */
 }
 
+/* Reads and drops what the server sent; 1 once it has closed. */
+static int
+drain(int fd, void *arg)
+{
+	char buf[65536];
+	ssize_t n;
+
+	(void)arg;
+	while ((n = read(fd, buf, sizeof(buf))) > 0)
+		;
+	return n == 0 || (n == -1 && errno != EAGAIN);
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	char buf[65536];
-	size_t off = 0;
-	int fd, closed = 0;
-
 	if (base == NULL)
 		setup();
-	if ((fd = socket(AF_INET, SOCK_STREAM, 0)) == -1)
-		return 0;
-	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) == -1) {
-		close(fd);
-		return 0;
-	}
-	fcntl(fd, F_SETFL, O_NONBLOCK);
-	for (int i = 0; i < FUZZ_LOOPS_MAX && !closed; i++) {
-		ssize_t n;
-
-		if (off < size) {
-			n = write(fd, data + off, size - off);
-			if (n > 0)
-				off += (size_t)n;
-			else if (n == -1 && errno != EAGAIN)
-				off = size;	/* refused mid-body: the server closed */
-			if (off == size)
-				shutdown(fd, SHUT_WR);
-		} else if (size == 0 && i == 0)
-			shutdown(fd, SHUT_WR);
-		event_base_loop(base, EVLOOP_NONBLOCK);
-		while ((n = read(fd, buf, sizeof(buf))) > 0)
-			;
-		if (n == 0 || (n == -1 && errno != EAGAIN))
-			closed = 1;
-	}
-	close(fd);
-	/* Let the server see the close of a connection it still held. */
-	for (int i = 0; i < 4; i++)
-		event_base_loop(base, EVLOOP_NONBLOCK);
+	loopback_exchange(base, &addr, data, size, drain, NULL);
 	return 0;
 }
