@@ -492,7 +492,7 @@ check_on_reply(void *arg, const struct store_result *res)
 	if (!ck->ck_verdict.allowed)
 		denycache_put(w->w_denycache, ck->ck_config, ck->ck_route, ck->ck_set,
 		    ck->ck_client, ck->ck_cost, &ck->ck_verdict, ck->ck_sent_us,
-		    mono_us(), store_links(w->w_store));
+		    mono_us(), res->link);
 	/* Held while draining too: a verdict that arrives after SIGTERM must
 	 * not pass ahead of the holds already waiting (all are released at
 	 * their turn, or at drain_timeout). */
@@ -579,7 +579,7 @@ check_run(struct check *ck, const char *key, size_t keylen, int kind)
 	 * gets the failure mode's answer like any other (SPEC 3.1). */
 	if (store_state(w->w_store) == STORE_UP &&
 	    denycache_get(w->w_denycache, ck->ck_config, ck->ck_route, ck->ck_client,
-	    ck->ck_cost, mono_us(), store_links(w->w_store), &ck->ck_verdict)) {
+	    ck->ck_cost, mono_us(), store_link(w->w_store), &ck->ck_verdict)) {
 		check_finish(ck, OUTCOME_VERDICT);
 		return;
 	}

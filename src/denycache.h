@@ -19,7 +19,7 @@ void denycache_free(struct denycache *dc);
  * Remembers a denial if it can be exact; v as limiter_parse reads it (its
  * times at most LIMITER_MS_MAX). Times are CLOCK_MONOTONIC: sent_us
  * when the call was handed to Redis (Redis decided after it), now_us when
- * the reply arrived. link is store_links() at the reply.
+ * the reply arrived. link is the store_link() that answered (store_result).
  */
 void denycache_put(struct denycache *dc, const struct config *config,
     const struct route *route, const struct limit_set *set, const char *client,

@@ -88,7 +88,10 @@ struct store {
 	redisAsyncContext	*st_ac;
 	enum store_state	 st_state;
 	int			 st_tcp_up;	/* onConnect(OK) seen */
-	unsigned long		 st_links;	/* times the link came up */
+	/* The link's number, from the worker's count of links (shared by
+	 * its stores), so no two links of a worker ever have one. */
+	unsigned long		*st_link_count;
+	unsigned long		 st_link;
 
 	/* settings from the policy; a change means another store */
 	char			*st_address;
@@ -159,9 +162,9 @@ store_behind(const struct store *st, long long within_us)
 }
 
 unsigned long
-store_links(const struct store *st)
+store_link(const struct store *st)
 {
-	return st->st_links;
+	return st->st_link;
 }
 
 const char *
@@ -210,7 +213,7 @@ static void
 set_state(struct store *st, enum store_state state)
 {
 	if (state == STORE_UP && st->st_state != STORE_UP) {
-		st->st_links++;
+		st->st_link = ++*st->st_link_count;
 		st->st_answered = 0;
 	}
 	st->st_state = state;
@@ -703,7 +706,7 @@ batch_free_all(struct store *st)
 static void
 call_fail(struct store_call *call, enum store_status status, const char *error)
 {
-	struct store_result res = { status, NULL, 0, error };
+	struct store_result res = { status, NULL, 0, error, 0 };
 
 	call->sc_cb(call->sc_arg, &res);
 }
@@ -754,7 +757,7 @@ batch_deliver(struct store_batch *b, const redisReply *reply)
 	}
 	for (size_t i = 0; i < b->sb_n; i++) {
 		struct store_result res = { STORE_OK, ints,
-		    LIMITER_REPLY_INTS(b->sb_nlimits[i]), NULL };
+		    LIMITER_REPLY_INTS(b->sb_nlimits[i]), NULL, b->sb_store->st_link };
 		redisReply **slice = reply->element + at;
 
 		at += res.nints;
@@ -995,7 +998,7 @@ store_retired_done(const struct store *st)
 
 struct store *
 store_new(int worker, struct event_base *base, const struct config *config,
-    struct metrics *metrics, unsigned long links_before, store_ready_cb ready,
+    struct metrics *metrics, unsigned long *link_count, store_ready_cb ready,
     void *arg)
 {
 	struct store *st = xcalloc(1, sizeof(*st));
@@ -1004,7 +1007,7 @@ store_new(int worker, struct event_base *base, const struct config *config,
 	st->st_worker = worker;
 	st->st_base = base;
 	st->st_metrics = metrics;
-	st->st_links = links_before;
+	st->st_link_count = link_count;
 	st->st_report = ready != NULL ? REPORT_WATCHER : REPORT_GAUGE;
 	st->st_ready = ready;
 	st->st_ready_arg = arg;

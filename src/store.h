@@ -31,6 +31,7 @@ struct store_result {
 	const long long		*ints;
 	size_t			 nints;
 	const char		*error;
+	unsigned long		 link;	/* STORE_OK: the link that answered */
 };
 
 typedef void (*store_cb)(void *arg, const struct store_result *result);
@@ -66,15 +67,15 @@ typedef void (*store_ready_cb)(void *arg);
 
 /*
  * A store connecting to the policy's Redis. worker: the id its log lines
- * carry. links_before: the links it counts from (see store_links), so a
- * store that follows another never repeats its numbers. With ready NULL
+ * carry. link_count: the worker's count of links, which numbers each link
+ * of its stores (see store_link). With ready NULL
  * it reports its state to the metrics gauge: it serves the checks. With
  * ready, it is connected while another serves, told to ready instead,
  * until store_serve.
  */
 struct store *store_new(int worker, struct event_base *base,
     const struct config *config, struct metrics *metrics,
-    unsigned long links_before, store_ready_cb ready, void *arg);
+    unsigned long *link_count, store_ready_cb ready, void *arg);
 /* The policy's redis.address this store talks to. */
 const char *store_address(const struct store *st);
 /* Does the policy name the Redis this store talks to: the same address,
@@ -101,9 +102,11 @@ enum store_state store_state(const struct store *st);
  * would wait behind it past its own deadline: a silent Redis, or one that
  * answers, but slower than checks arrive. */
 int store_behind(const struct store *st, long long within_us);
-/* How many times the link has come up. State read over an earlier link may
- * be gone: a Redis restarted without persistence, or another one. */
-unsigned long store_links(const struct store *st);
+/* The number of the current link, or of the last one: a new one each time
+ * a link comes up, never reused by the worker's stores. State read over
+ * another link may be gone: a Redis restarted without persistence, or
+ * another Redis. */
+unsigned long store_link(const struct store *st);
 const char *store_state_name(enum store_state state);
 /* Queues the call; the callback runs exactly once (with the reply, or a
  * failure), unless -1 is returned (the link is not up) or the call is

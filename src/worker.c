@@ -97,8 +97,10 @@ on_next_store_ready(void *arg)
 /*
  * A policy that names another Redis (address, database or credentials)
  * gets a new store, make before break: the store that serves goes on
- * serving until the new link answers a script call, or fails an attempt,
- * or its connect_timeout passes, as Envoy warms a new cluster. Reconnecting
+ * serving until the new link answers a script call, or fails an attempt
+ * (refused, a handshake refused or not done within connect_timeout, a
+ * first call held past the stall watchdog), as Envoy warms a new cluster
+ * until its timeout. Reconnecting
  * in place failed every check of the handshake's milliseconds by its
  * failure mode: a burst of 503s on a failure_mode: closed route for a
  * routine change.
@@ -127,7 +129,7 @@ move_store(struct worker *w, const struct config *c)
 		    w->w_id, store_address(w->w_store));
 	store_free(w->w_next_store);
 	w->w_next_store = store_new(w->w_id, w->w_base, c, w->w_metrics,
-	    store_links(w->w_store), on_next_store_ready, w);
+	    &w->w_link_count, on_next_store_ready, w);
 }
 
 static void
@@ -269,7 +271,8 @@ worker_new(int id, int listen_fd, struct config *config)
 	w->w_flush_ev = evtimer_new(w->w_base, on_flush_check, w);
 	w->w_promote_ev = event_new(w->w_base, -1, 0, on_promote, w);
 	w->w_retire_ev = evtimer_new(w->w_base, on_retire_check, w);
-	w->w_store = store_new(id, w->w_base, config, w->w_metrics, 0, NULL, NULL);
+	w->w_store = store_new(id, w->w_base, config, w->w_metrics,
+	    &w->w_link_count, NULL, NULL);
 	return w;
 }
 

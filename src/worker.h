@@ -29,6 +29,7 @@ struct worker {
 	 * on_config), then answers what it was sent as w_retired_store. */
 	struct store		*w_next_store;
 	struct store		*w_retired_store;
+	unsigned long		 w_link_count;	/* numbers its stores' links */
 	long long		 w_retire_until_us;
 	struct event		*w_promote_ev;
 	struct event		*w_retire_ev;

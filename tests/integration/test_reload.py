@@ -436,6 +436,47 @@ def test_a_move_to_another_redis_fails_no_check(ops_daemon, tmp_path):
         other.stop()
 
 
+def test_a_denial_from_the_old_redis_is_not_kept_for_the_new_one(ops_daemon, tmp_path):
+    """While a new link warms, the old one serves the checks of the new
+    policy; one denied there, whose reply comes after the new link took
+    over, is answered as denied, but its denial is not cached as the new
+    link's: the new Redis has no count for the client, and allows it. The
+    old Redis answers a second late (a proxy), the new one holds its first
+    call for half a second (CLIENT PAUSE), so the check is sent before the
+    new link serves and answered after."""
+    from conftest import RedisServer
+    from proxies import SlowReplies
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    other = RedisServer(other_dir).start()
+    proxy = None
+    try:
+        text = policy(route("api", "/api/", fw(1)), timeout="3s",
+                      redis="  connect_timeout: 5s\n")
+        d = ops_daemon(text)
+        proxy = SlowReplies(d.redis_port, 1.0)
+        d.write_policy(text.replace("{redis_port}", str(proxy.port)))
+        d.signal(signal.SIGHUP)
+        assert wait_until(lambda: "127.0.0.1:%d: connected" % proxy.port in d.log(), timeout=5)
+        time.sleep(1.5)                               # its first call answered: it serves
+        assert counted(d, "k") == 200                 # the client's one request, there
+        other.client().execute_command("CLIENT", "PAUSE", "500", "WRITE")
+        d.write_policy(text.replace("{redis_port}", str(other.port)))
+        d.signal(signal.SIGHUP)
+        assert wait_until(lambda: "moves this worker to redis 127.0.0.1:%d" % other.port
+                          in d.log(), timeout=RELOAD_S)
+        t0 = time.monotonic()
+        assert counted(d, "k") == 429                 # the old link's, a second late
+        assert time.monotonic() - t0 >= 0.9
+        assert "127.0.0.1:%d: connected" % other.port in d.log()
+        assert counted(d, "k") == 200                 # the new Redis's first
+        assert counted(d, "k") == 429
+    finally:
+        other.stop()
+        if proxy is not None:
+            proxy.close()
+
+
 def test_a_move_to_a_redis_that_never_answers_follows_the_failure_mode(ops_daemon):
     """A new Redis that takes the connection but never answers: the old
     link serves until the new one's connect_timeout, no longer (the policy
