@@ -111,8 +111,8 @@ limiter_reset(struct limiter_command *cmd)
 }
 
 /* The index (from 1) of set in the batch, which it joins if new: its
- * limits go to ARGV once however many checks use it. A batch holds at
- * most redis.max_batch checks, so the search is short. */
+ * limits go to ARGV once however many checks use it. A batch holds one
+ * set per route or override its checks use, usually one or two. */
 static size_t
 set_index(struct limiter_command *cmd, const struct limit_set *set)
 {
