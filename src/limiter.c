@@ -184,12 +184,6 @@ resp_bulk(char *out, size_t o, const char *s, size_t len)
 	return o;
 }
 
-/*
- * Writes EVALSHA sha numkeys KEYS... ARGV... as the RESP array Redis reads,
- * for redisAsyncFormattedCommand: hiredis's own formatting (from an argv)
- * runs a printf-like sdscatfmt per argument and allocates the result per
- * call, and was about a quarter of the daemon's instructions per check.
- */
 /* Appends each piece of list as a bulk string. */
 static size_t
 resp_list(struct limiter_command *cmd, size_t o, const struct limiter_args *list)
@@ -200,6 +194,13 @@ resp_list(struct limiter_command *cmd, size_t o, const struct limiter_args *list
 	return o;
 }
 
+/*
+ * Writes EVALSHA sha numkeys KEYS... 0 S SETS... CHECKS... as the RESP
+ * array Redis reads, for redisAsyncFormattedCommand: hiredis's own
+ * formatting (from an argv) runs a printf-like sdscatfmt per argument and
+ * allocates the result per call, and was about a quarter of the daemon's
+ * instructions per check.
+ */
 void
 limiter_finish(struct limiter_command *cmd, const char *sha)
 {
