@@ -47,17 +47,19 @@ on_retire_check(evutil_socket_t fd, short what, void *arg)
 {
 	struct worker *w = arg;
 	struct timeval tv = tv_us(WORKER_RETIRE_POLL_US);
+	size_t i, kept = 0;
 
 	(void)fd;
 	(void)what;
-	if (w->w_retired_store == NULL)
-		return;
-	if (!store_retired_done(w->w_retired_store)) {
-		event_add(w->w_retire_ev, &tv);
-		return;
+	for (i = 0; i < w->w_nretired; i++) {
+		if (store_retired_done(w->w_retired[i]))
+			store_free(w->w_retired[i]);
+		else
+			w->w_retired[kept++] = w->w_retired[i];
 	}
-	store_free(w->w_retired_store);
-	w->w_retired_store = NULL;
+	w->w_nretired = kept;
+	if (kept > 0)
+		event_add(w->w_retire_ev, &tv);
 }
 
 /* The new store is ready, or has failed an attempt (then checks follow
@@ -74,12 +76,13 @@ on_promote(evutil_socket_t fd, short what, void *arg)
 	/* (One that settled may have been replaced since, by a reload.) */
 	if (w->w_next_store == NULL || !store_settled(w->w_next_store))
 		return;
-	/* Two moves within a redis.timeout: the checks still waiting on the
-	 * first link (if any) follow the failure mode. */
-	if (w->w_retired_store != NULL)
-		store_free(w->w_retired_store);
-	w->w_retired_store = w->w_store;
-	store_retire(w->w_retired_store);
+	/* Each link moved away from keeps answering what it was sent, so
+	 * two moves within a redis.timeout fail no check that the first
+	 * link would have answered in time. */
+	w->w_retired = xrealloc(w->w_retired,
+	    (w->w_nretired + 1) * sizeof(*w->w_retired));
+	w->w_retired[w->w_nretired++] = w->w_store;
+	store_retire(w->w_store);
 	w->w_store = w->w_next_store;
 	w->w_next_store = NULL;
 	store_serve(w->w_store);
@@ -290,7 +293,9 @@ worker_main(void *arg)
 	check_finish_all(w);
 	store_free(w->w_store);
 	store_free(w->w_next_store);
-	store_free(w->w_retired_store);
+	while (w->w_nretired > 0)
+		store_free(w->w_retired[--w->w_nretired]);
+	free(w->w_retired);
 	server_free(w->w_server);
 	check_pool_free(w);
 	event_free(w->w_config_ev);

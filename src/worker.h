@@ -26,11 +26,11 @@ struct worker {
 	struct store		*w_store;	/* serves the checks */
 	/* Make before break: when a reload names another Redis, the store
 	 * that serves goes on serving while w_next_store connects (see
-	 * on_config), then answers what it was sent as w_retired_store. */
+	 * on_config), then answers what it was sent among w_retired. */
 	struct store		*w_next_store;
-	struct store		*w_retired_store;
+	struct store		**w_retired;	/* oldest first */
+	size_t			 w_nretired;
 	unsigned long		 w_link_count;	/* numbers its stores' links */
-	long long		 w_retire_until_us;
 	struct event		*w_promote_ev;
 	struct event		*w_retire_ev;
 	struct metrics		*w_metrics;

@@ -477,6 +477,52 @@ def test_a_denial_from_the_old_redis_is_not_kept_for_the_new_one(ops_daemon, tmp
             proxy.close()
 
 
+def test_two_moves_within_a_timeout_leave_the_first_link_answering(ops_daemon, tmp_path):
+    """A check sent on a link that two reloads then move away from, both
+    within redis.timeout, is answered by that link, not failed: each link
+    moved away from answers what it was sent. It had been freed at the
+    second move, and the check answered by the failure mode (a 503 on a
+    route that fails closed). The first link answers two seconds late (a
+    proxy), the other two at once."""
+    from conftest import RedisServer
+    from proxies import SlowReplies
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    other = RedisServer(other_dir).start()
+    proxy = None
+    try:
+        text = policy(route("api", "/api/", fw(10 ** 9)), top="failure_mode: closed\n",
+                      timeout="5s", redis="  connect_timeout: 10s\n")
+        d = ops_daemon(text)
+        proxy = SlowReplies(d.redis_port, 2.0)
+        d.write_policy(text.replace("{redis_port}", str(proxy.port)))
+        d.signal(signal.SIGHUP)
+        assert wait_until(lambda: "127.0.0.1:%d: connected" % proxy.port in d.log(), timeout=10)
+        time.sleep(2.5)                               # its first call answered: it serves
+        slow = {}
+        sent = threading.Thread(target=lambda: slow.update(status=counted(d, "slow")))
+        t0 = time.monotonic()
+        sent.start()
+        time.sleep(0.2)                               # on the proxy's link by now
+        for port, connected in ((other.port, 1), (d.redis_port, 2)):
+            d.write_policy(text.replace("{redis_port}", str(port)))
+            d.signal(signal.SIGHUP)
+            assert wait_until(lambda: d.log().count("127.0.0.1:%d: connected" % port)
+                              >= connected, timeout=1.5), d.log()
+            time.sleep(0.2)                           # its first call answered
+            assert wait_until(lambda: counted(d, "moved") == 200 and
+                              redis.Redis(port=port).exists("rl:{api:moved}:q:fixed_window"),
+                              timeout=1.5)
+        assert time.monotonic() - t0 < 2.0, "both moves made while the check waits"
+        sent.join(timeout=6)
+        assert slow.get("status") == 200, (slow, d.log())
+        assert 1.8 <= time.monotonic() - t0 < 5
+    finally:
+        other.stop()
+        if proxy is not None:
+            proxy.close()
+
+
 def test_a_move_to_a_redis_that_never_answers_follows_the_failure_mode(ops_daemon):
     """A new Redis that takes the connection but never answers: the old
     link serves until the new one's connect_timeout, no longer (the policy
