@@ -289,7 +289,7 @@ check_finish(struct check *ck, enum check_outcome outcome)
 			request_reply(req, status, NULL, NULL, 0);
 		break;
 	case OUTCOME_DEGRADED:
-		limiter_format_degraded(ck->ck_set, &h);
+		limiter_format_degraded(ck->ck_set, c->ietf_headers, &h);
 		add_rate_headers(req, &h);
 		if (config_route_failure_mode(c, route) == FAILURE_MODE_CLOSED) {
 			/* A shadow route reports what enforcement would do but

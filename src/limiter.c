@@ -299,6 +299,24 @@ limiter_ms_to_s(long long ms)
 	return ms <= 0 ? 0 : ms / 1000 + (ms % 1000 != 0);
 }
 
+/* RateLimit-Policy: what the limits are, known without Redis. */
+static void
+format_policy(const struct limit_set *set, struct limiter_headers *h)
+{
+	size_t po = 0;
+
+	h->policy[0] = '\0';
+	for (size_t i = 0; i < set->nlimits; i++) {
+		const struct limit *l = &set->limits[i];
+		int n = snprintf(h->policy + po, sizeof(h->policy) - po,
+		    "%s\"%s\";q=%lld;w=%lld", i ? ", " : "", l->name,
+		    l->quota, config_limit_window_seconds(l));
+
+		if (n > 0 && (size_t)n < sizeof(h->policy) - po)
+			po += (size_t)n;
+	}
+}
+
 void
 limiter_format(const struct limit_set *set, const struct verdict *v, int ietf,
     struct limiter_headers *h)
@@ -316,17 +334,13 @@ limiter_format(const struct limit_set *set, const struct verdict *v, int ietf,
 	}
 	h->policy[0] = h->ratelimit[0] = '\0';
 	if (ietf) {
-		size_t po = 0, ro = 0;
+		size_t ro = 0;
 
+		format_policy(set, h);
 		for (size_t i = 0; i < v->n; i++) {
 			const struct limit *l = &set->limits[i];
 			int n;
 
-			n = snprintf(h->policy + po, sizeof(h->policy) - po,
-			    "%s\"%s\";q=%lld;w=%lld", i ? ", " : "", l->name,
-			    l->quota, config_limit_window_seconds(l));
-			if (n > 0 && (size_t)n < sizeof(h->policy) - po)
-				po += (size_t)n;
 			n = snprintf(h->ratelimit + ro, sizeof(h->ratelimit) - ro,
 			    "%s\"%s\";r=%lld;t=%lld", i ? ", " : "", l->name,
 			    v->r[i].remaining, limiter_ms_to_s(v->r[i].reset_ms));
@@ -336,8 +350,11 @@ limiter_format(const struct limit_set *set, const struct verdict *v, int ietf,
 	}
 }
 
+/* Without Redis's answer only the policy is known: RateLimit-Policy goes
+ * with the smallest quota, the state (RateLimit, the reset) does not. */
 void
-limiter_format_degraded(const struct limit_set *set, struct limiter_headers *h)
+limiter_format_degraded(const struct limit_set *set, int ietf,
+    struct limiter_headers *h)
 {
 	long long quota = set->limits[0].quota;
 
@@ -347,4 +364,6 @@ limiter_format_degraded(const struct limit_set *set, struct limiter_headers *h)
 	snprintf(h->limit, sizeof(h->limit), "%lld", quota);
 	snprintf(h->remaining, sizeof(h->remaining), "-1");
 	h->reset[0] = h->retry_after[0] = h->policy[0] = h->ratelimit[0] = '\0';
+	if (ietf)
+		format_policy(set, h);
 }

@@ -104,7 +104,9 @@ long long limiter_ms_to_s(long long ms);
 
 void limiter_format(const struct limit_set *set, const struct verdict *v,
     int ietf, struct limiter_headers *h);
-/* The headers of a degraded answer: smallest quota, remaining -1. */
-void limiter_format_degraded(const struct limit_set *set, struct limiter_headers *h);
+/* The headers of a degraded answer: smallest quota, remaining -1, and
+ * with ietf the RateLimit-Policy field. */
+void limiter_format_degraded(const struct limit_set *set, int ietf,
+    struct limiter_headers *h);
 
 #endif

@@ -318,7 +318,7 @@ static void
 check_verdict(const struct limit_set *set, const long long *ints, size_t n)
 {
 	struct verdict v;
-	struct limiter_headers h;
+	struct limiter_headers h, full;
 	long long quota;
 
 	if (limiter_parse(set, ints, n, &v) == -1)
@@ -349,7 +349,13 @@ check_verdict(const struct limit_set *set, const long long *ints, size_t n)
 	check_headers(set, &v, 1);
 
 	memset(&h, 'x', sizeof(h));
-	limiter_format_degraded(set, &h);
+	limiter_format_degraded(set, 1, &h);
+	limiter_format(set, &v, 1, &full);
+	if (memchr(h.policy, '\0', sizeof(h.policy)) == NULL ||
+	    strcmp(h.policy, full.policy) != 0 || h.ratelimit[0])
+		fail("degraded RateLimit-Policy is not the verdict's, or RateLimit is sent", NULL);
+	memset(&h, 'x', sizeof(h));
+	limiter_format_degraded(set, 0, &h);
 	quota = set->limits[0].quota;
 	for (size_t i = 1; i < set->nlimits; i++)
 		if (set->limits[i].quota < quota)

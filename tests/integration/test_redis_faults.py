@@ -132,6 +132,33 @@ def test_redis_killed_fails_closed(start_daemon, redis_server):
     assert r.json()["degraded"] is True and r.json()["allowed"] is False
 
 
+def test_a_degraded_reply_sends_the_ietf_policy_but_no_state(start_daemon, redis_server):
+    """With server.ietf_headers, a fail-open or fail-closed reply still
+    carries RateLimit-Policy (the limits are the policy's, known without
+    Redis), but not RateLimit or X-RateLimit-Reset, whose state Redis did
+    not give: a client that reads the policy field keeps its quota."""
+    two = route("r", "/").replace(
+        "limits: [%s]" % fw(5),
+        "limits: [%s, {name: b, algorithm: token_bucket, rate: \"1/s\", burst: 3}]" % fw(5))
+    assert "token_bucket" in two
+    d = start_daemon(policy(route("c", "/c/", extra="    failure_mode: closed\n") + two,
+                            server="  ietf_headers: true\n"))
+    want = '"q";q=5;w=3600, "b";q=3;w=3'
+    r = check(d, "/check/x")
+    assert r.status_code == 200 and r.headers["RateLimit-Policy"] == want
+    assert "RateLimit" in r.headers
+    redis_server.kill()
+    for path, status in (("/check/x", 200), ("/check/c/x", 503)):
+        r = check(d, path)
+        assert r.status_code == status, path
+        assert r.headers["X-RateLimit-Remaining"] == "-1"
+        assert "RateLimit" not in r.headers and "X-RateLimit-Reset" not in r.headers
+    assert check(d, "/check/x").headers["RateLimit-Policy"] == want
+    assert check(d, "/check/c/x").headers["RateLimit-Policy"] == '"q";q=5;w=3600'
+    r = vcheck(d, {"route": "r", "key": "k"})
+    assert r.json()["degraded"] is True and r.headers["RateLimit-Policy"] == want
+
+
 def test_failure_mode_route_override(start_daemon, redis_server):
     d = start_daemon(policy(
         route("inh", "/inh/") + route("opn", "/opn/", extra="    failure_mode: open\n"),

@@ -661,9 +661,16 @@ test_verdict_and_headers(void)
 	CHECK(v.headline == 1);		/* same remaining, longer reset */
 	CHECK(limiter_parse(&set, tie, 11, &v) == -1);
 
-	limiter_format_degraded(&set, &h);
+	limiter_format_degraded(&set, 0, &h);
 	CHECK_STR(h.limit, "20");
 	CHECK_STR(h.remaining, "-1");
+	CHECK_STR(h.reset, "");
+	CHECK_STR(h.policy, "");
+	/* The limits are known without Redis; their state is not. */
+	limiter_format_degraded(&set, 1, &h);
+	CHECK_STR(h.remaining, "-1");
+	CHECK_STR(h.policy, "\"burst\";q=20;w=2, \"hourly\";q=1000;w=3600");
+	CHECK_STR(h.ratelimit, "");
 	CHECK(limiter_ms_to_s(1) == 1 && limiter_ms_to_s(1000) == 1 &&
 	    limiter_ms_to_s(1001) == 2 && limiter_ms_to_s(0) == 0);
 	CHECK(limiter_ms_to_s(LLONG_MAX) == LLONG_MAX / 1000 + 1);
