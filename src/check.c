@@ -757,6 +757,51 @@ json_opt_string(struct http_request *req, json_t *body, const char *name,
 	return 0;
 }
 
+/* What a /v1/check body says of the request it describes. */
+struct described {
+	const char	*method, *uri, *host, *ip;
+	json_t		*headers;	/* NULL when absent */
+};
+
+/*
+ * The described request as /check would read it, into in (its path and
+ * client IP written to path and ip): 0, or -1 with the error sent.
+ */
+static int
+json_describe(const struct config *c, struct http_request *req,
+    const struct described *d, char *ip, size_t iplen, char *path,
+    size_t pathlen, struct check_input *in)
+{
+	const char *uri = d->uri;
+
+	if (d->ip) {
+		if (policy_canonical_ip(d->ip, strlen(d->ip), ip, iplen) == -1) {
+			http_reply_json_error(req, 400, "field \"ip\" is not an "
+			    "IP address");
+			return -1;
+		}
+	} else
+		request_client_ip(c, req, ip, iplen);
+	if (uri == NULL || *uri == '\0')
+		uri = first_present(json_header_lookup, d->headers,
+		    "X-Original-URI", "X-Forwarded-Uri", "/");
+	policy_normalize_uri(uri, path, pathlen, &in->query);
+	in->path = path;
+	/* As /check resolves them, from the described request's own headers
+	 * when not given; a described request with no method is a GET, as
+	 * curl sends one. */
+	in->method = d->method && *d->method ? d->method :
+	    first_present(json_header_lookup, d->headers, "X-Original-Method",
+	    "X-Forwarded-Method", "GET");
+	in->host = d->host && *d->host ? d->host :
+	    first_present(json_header_lookup, d->headers, "X-Forwarded-Host",
+	    "Host", NULL);
+	in->ip = ip;
+	in->header = json_header_lookup;
+	in->header_ctx = d->headers;
+	return 0;
+}
+
 void
 check_json(struct worker *w, struct http_request *req)
 {
@@ -766,9 +811,10 @@ check_json(struct worker *w, struct http_request *req)
 	const char *data = request_body(req, &len);
 	const struct config *c = w->w_config;
 	char path[POLICY_PATH_MAX], qkey[CHECK_QUERY_KEY_MAX], ip[64];
-	const char *route_name, *key = NULL, *method, *uri, *host, *ipfield, *k;
+	const char *route_name, *key = NULL, *k;
 	const struct route *route = NULL;
 	const struct limit_set *set = NULL;
+	struct described desc;
 	struct check_input in;
 	json_t *body, *headers, *v, *cost_v;
 	json_error_t err;
@@ -828,15 +874,15 @@ check_json(struct worker *w, struct http_request *req)
 	}
 	if (json_opt_string(req, body, "route", &route_name) == -1 ||
 	    json_opt_string(req, body, "key", &key) == -1 ||
-	    json_opt_string(req, body, "method", &method) == -1 ||
-	    json_opt_string(req, body, "path", &uri) == -1 ||
-	    json_opt_string(req, body, "host", &host) == -1 ||
-	    json_opt_string(req, body, "ip", &ipfield) == -1)
+	    json_opt_string(req, body, "method", &desc.method) == -1 ||
+	    json_opt_string(req, body, "path", &desc.uri) == -1 ||
+	    json_opt_string(req, body, "host", &desc.host) == -1 ||
+	    json_opt_string(req, body, "ip", &desc.ip) == -1)
 		goto out;
 	/* What /check can carry in its 16 KiB head (nginx refuses a request
 	 * line over 8 KiB): each regex route scans the whole path, so a longer
 	 * one only buys a client more of the worker's time. */
-	if (uri && strlen(uri) > SERVER_HEADERS_MAX) {
+	if (desc.uri && strlen(desc.uri) > SERVER_HEADERS_MAX) {
 		http_reply_json_error(req, 400, "field \"path\" is longer than %d "
 		    "bytes", SERVER_HEADERS_MAX);
 		goto out;
@@ -868,9 +914,11 @@ check_json(struct worker *w, struct http_request *req)
 		}
 	} else
 		headers = NULL;
+	desc.headers = headers;
 
 	if (route_name) {
-		/* Named directly: the route and the key are given. */
+		/* Named directly: the route, and the key or a description
+		 * of the client. */
 		if ((route = route_by_name(c, route_name)) == NULL) {
 			char esc[256];
 
@@ -884,10 +932,28 @@ check_json(struct worker *w, struct http_request *req)
 			 * a named key of its own would be a bucket /check
 			 * never charges, with a quota of its own. */
 			key = "*";
+			keylen = 1;
 			kind = POLICY_KEY_GLOBAL;
+		} else if (key != NULL && (desc.ip || desc.headers || desc.uri)) {
+			/* One of them would be ignored, and the caller charged
+			 * another bucket than it meant. */
+			http_reply_json_error(req, 400, "field \"key\" names the "
+			    "client that \"%s\" describes: give one or the other",
+			    desc.ip ? "ip" : desc.headers ? "headers" : "path");
+			goto out;
+		} else if (key == NULL && (desc.ip || desc.headers || desc.uri)) {
+			/* The route named, the client described: its key is
+			 * the one /check would resolve for that route. */
+			if (json_describe(c, req, &desc, ip, sizeof(ip), path,
+			    sizeof(path), &in) == -1)
+				goto out;
+			if ((kind = policy_client_key(route, &in, qkey,
+			    sizeof(qkey), &key, &keylen)) == POLICY_KEY_NONE)
+				key = NULL;
 		} else if (key == NULL || key[0] == '\0') {
 			http_reply_json_error(req, 400, key ? "field \"key\" must not "
-			    "be empty" : "field \"key\" is required with \"route\"");
+			    "be empty" : "field \"key\" is required with \"route\" "
+			    "(or describe the client: \"ip\", \"headers\", \"path\")");
 			goto out;
 		} else if (policy_route_keys_by_ip_alone(route) &&
 		    policy_canonical_ip(key, strlen(key), ip, sizeof(ip)) == 0) {
@@ -896,8 +962,9 @@ check_json(struct worker *w, struct http_request *req)
 			 * overrides, as /check sees it. */
 			key = ip;
 			kind = POLICY_KEY_IP;
-		}
-		keylen = strlen(key);
+			keylen = strlen(key);
+		} else
+			keylen = strlen(key);
 	} else if (key) {
 		/* Else the client would be resolved from the described
 		 * request, not the key the caller believes it named. */
@@ -905,32 +972,9 @@ check_json(struct worker *w, struct http_request *req)
 		    "(or describe the request without it)");
 		goto out;
 	} else {
-		if (ipfield) {
-			if (policy_canonical_ip(ipfield, strlen(ipfield), ip,
-			    sizeof(ip)) == -1) {
-				http_reply_json_error(req, 400, "field \"ip\" is not an "
-				    "IP address");
-				goto out;
-			}
-		} else
-			request_client_ip(c, req, ip, sizeof(ip));
-		if (uri == NULL || *uri == '\0')
-			uri = first_present(json_header_lookup, headers,
-			    "X-Original-URI", "X-Forwarded-Uri", "/");
-		policy_normalize_uri(uri, path, sizeof(path), &in.query);
-		in.path = path;
-		/* As /check resolves them, from the described request's own
-		 * headers when not given; a described request with no method
-		 * is a GET, as curl sends one. */
-		in.method = method && *method ? method :
-		    first_present(json_header_lookup, headers, "X-Original-Method",
-		    "X-Forwarded-Method", "GET");
-		in.host = host && *host ? host :
-		    first_present(json_header_lookup, headers, "X-Forwarded-Host",
-		    "Host", NULL);
-		in.ip = ip;
-		in.header = json_header_lookup;
-		in.header_ctx = headers;
+		if (json_describe(c, req, &desc, ip, sizeof(ip), path,
+		    sizeof(path), &in) == -1)
+			goto out;
 		route = policy_match(c, &in);
 		if (route && (kind = policy_client_key(route, &in, qkey,
 		    sizeof(qkey), &key, &keylen)) == POLICY_KEY_NONE)

@@ -140,6 +140,48 @@ def test_key_without_route_is_400(start_daemon):
     assert r.status_code == 400 and "\"key\" needs \"route\"" in r.json()["error"], r.text
 
 
+def test_route_named_client_described(start_daemon, redis_server):
+    """With `route` and no `key`, the client is resolved from `ip`,
+    `headers` or `path` by that route's `key`, as /check would, with no
+    route matching: the same bucket as /check's or the key named."""
+    d = start_daemon(JSON_POLICY)
+    v = vcheck(d, {"route": "byip", "ip": "2001:db8:0:0::7"}).json()
+    assert v["key"] == "2001:db8::7" and v["remaining"] == 2, v
+    v = vcheck(d, {"route": "byip", "key": "2001:db8::7"}).json()
+    assert v["remaining"] == 1, v
+    # by header, the path and host of the route not needed
+    v = vcheck(d, {"route": "api", "headers": {"x-api-key": "h1"}}).json()
+    assert v["key"] == "h1" and v["limits"][1]["remaining"] == 9, v
+    v = vcheck(d, {"method": "GET", "path": "/api/x", "host": "api.example.com",
+                   "headers": {"X-Api-Key": "h1"}}).json()
+    assert v["key"] == "h1" and v["limits"][1]["remaining"] == 8, v
+    # the route's fallback to the IP, from the described ip
+    v = vcheck(d, {"route": "api", "ip": "198.51.100.9"}).json()
+    assert v["key"] == "198.51.100.9", v
+    # no source present: the route's missing_key (deny, by default)
+    r = vcheck(d, {"route": "single", "headers": {"Other": "x"}})
+    assert r.status_code == 403 and r.json()["error"] == "missing_key", r.text
+    assert all_keys(redis_server.client()) == {
+        rkey("byip", "2001:db8::7", "q", "fixed_window"),
+        rkey("api", "h1", "burst", "token_bucket"), rkey("api", "h1", "hourly", "fixed_window"),
+        rkey_ip("api", "198.51.100.9", "burst", "token_bucket"),
+        rkey_ip("api", "198.51.100.9", "hourly", "fixed_window")}
+
+
+def test_route_named_needs_one_client(start_daemon):
+    d = start_daemon(JSON_POLICY)
+    r = vcheck(d, {"route": "byip"})
+    assert r.status_code == 400 and "\"key\" is required with \"route\"" in r.json()["error"]
+    for extra, field in (({"ip": "10.0.0.1"}, "ip"), ({"headers": {"K": "a"}}, "headers"),
+                         ({"path": "/s/x"}, "path")):
+        r = vcheck(d, dict({"route": "single", "key": "a"}, **extra))
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == "field \"key\" names the client that \"%s\" " \
+            "describes: give one or the other" % field
+    r = vcheck(d, {"route": "byip", "ip": "not-an-ip"})
+    assert r.status_code == 400 and "\"ip\" is not an IP address" in r.json()["error"]
+
+
 def test_describe_form_host_must_match(start_daemon):
     d = start_daemon(JSON_POLICY)
     r = vcheck(d, {"method": "GET", "path": "/api/x", "host": "other.example.com",
