@@ -917,8 +917,8 @@ check_json(struct worker *w, struct http_request *req)
 	desc.headers = headers;
 
 	if (route_name) {
-		/* Named directly: the route, and the key or a description
-		 * of the client. */
+		/* Named directly: the route, and the key or else a
+		 * description of the client. */
 		if ((route = route_by_name(c, route_name)) == NULL) {
 			char esc[256];
 
@@ -934,13 +934,6 @@ check_json(struct worker *w, struct http_request *req)
 			key = "*";
 			keylen = 1;
 			kind = POLICY_KEY_GLOBAL;
-		} else if (key != NULL && (desc.ip || desc.headers || desc.uri)) {
-			/* One of them would be ignored, and the caller charged
-			 * another bucket than it meant. */
-			http_reply_json_error(req, 400, "field \"key\" names the "
-			    "client that \"%s\" describes: give one or the other",
-			    desc.ip ? "ip" : desc.headers ? "headers" : "path");
-			goto out;
 		} else if (key == NULL && (desc.ip || desc.headers || desc.uri)) {
 			/* The route named, the client described: its key is
 			 * the one /check would resolve for that route. */
