@@ -754,7 +754,9 @@ def test_change_while_a_reload_reads_is_loaded_in_turn(ops_daemon):
         d.signal(signal.SIGHUP)
         time.sleep(0.04)        # while the reload parses a
         os.rename(d.policy_path + ".b", d.policy_path)
-        assert wait_policy_limit(d, "api", limit + 1, timeout=RELOAD_S + 2), \
+        # Two reloads of 0.5 s each under ASan, on a machine that may be
+        # busy: what counts is that b is loaded, not how soon.
+        assert wait_policy_limit(d, "api", limit + 1, timeout=RELOAD_S + 8), \
             (route_limits(d, "api"), d.log()[-2000:])
 
 
