@@ -590,6 +590,54 @@ replace_flow_colon(struct loader *ld, struct source *src,
 	return 0;
 }
 
+/* Is the scanner stopped on a tab, which cannot start a token? */
+static int
+stopped_on_tab(const struct source *src, const struct yaml_failure *parser)
+{
+	long at;
+
+	if (parser->error != YAML_SCANNER_ERROR || !parser->problem ||
+	    strncmp(parser->problem, "found character that cannot start", 33) != 0)
+		return 0;
+	at = mark_offset(src, parser->problem_mark.line, parser->problem_mark.column);
+	return at >= 0 && (size_t)at < src->len && src->buf[at] == '\t';
+}
+
+/*
+ * "failure_mode:closed" is one plain word to YAML, and the colon of the
+ * next key ("routes:") is then where it fails, "mapping values are not
+ * allowed". The nearest line from there up whose first word is a key
+ * glued to its value is the mistake: advice naming it into buf, or NULL.
+ */
+static const char *
+key_glued_above(const struct source *src, size_t line, char *buf, size_t size)
+{
+	for (size_t back = 0; back <= line && back < 3; back++) {
+		char *text = source_line(src, line - back);
+		const char *p, *key, *colon;
+
+		if (text == NULL)
+			return NULL;
+		p = text + strspn(text, " ");
+		if (*p == '-')
+			p += 1 + strspn(p + 1, " ");
+		key = p;
+		while (isalnum((unsigned char)*p) || *p == '_' || *p == '-')
+			p++;
+		colon = p;
+		if (colon > key && *colon == ':' && colon[1] != '\0' &&
+		    colon[1] != ' ' && colon[1] != ':' && colon[1] != '#') {
+			snprintf(buf, size, " (line %zu: a key needs a space after "
+			    "its colon: \"%.*s: %.24s\")", line - back + 1,
+			    (int)(colon - key > 32 ? 32 : colon - key), key, colon + 1);
+			free(text);
+			return buf;
+		}
+		free(text);
+	}
+	return NULL;
+}
+
 static void
 yaml_report_parser_error(struct loader *ld, const struct source *src,
     const struct yaml_failure *parser)
@@ -597,7 +645,7 @@ yaml_report_parser_error(struct loader *ld, const struct source *src,
 	const yaml_mark_t *m = parser->problem ? &parser->problem_mark :
 	    &parser->context_mark;
 	const char *hint = "", *what = NULL;
-	char start[128] = "";
+	char start[128] = "", glued[128];
 
 	if (parser->error == YAML_READER_ERROR) {
 		/* libyaml gives a byte offset only, and no mark */
@@ -613,8 +661,11 @@ yaml_report_parser_error(struct loader *ld, const struct source *src,
 	}
 	if (stopped_on_ipv6(src, parser))
 		hint = " (quote IPv6 addresses: \"::1/128\", \"[::1]:8080\")";
+	else if (stopped_on_tab(src, parser))
+		hint = " (a tab: YAML indents with spaces only)";
 	else if (parser->problem && strcmp(parser->problem,
-	    "mapping values are not allowed in this context") == 0)
+	    "mapping values are not allowed in this context") == 0 &&
+	    (hint = key_glued_above(src, m->line, glued, sizeof(glued))) == NULL)
 		hint = " (quote a value that contains \": \" or ends in \":\")";
 	/*
 	 * An unterminated quote or bracket is only noticed where the file
@@ -867,6 +918,16 @@ static const struct {
 };
 #define NUNITS	(sizeof(duration_units) / sizeof(duration_units[0]))
 
+/* Is unit one of the units in another case ("M", "Ms")? */
+static int
+unit_in_capitals(const char *unit)
+{
+	for (size_t i = 0; i < NUNITS; i++)
+		if (strcasecmp(unit, duration_units[i].unit) == 0)
+			return 1;
+	return 0;
+}
+
 /* The cause for "1.5s": callers compare against it to add advice. */
 static const char duration_fraction[] =
     "durations are whole numbers of a unit (ms, s, m, h or d)";
@@ -912,7 +973,10 @@ config_parse_duration(const char *s, long long *us, const char **cause)
 		}
 	}
 	*cause = *p == '\0' ? "duration needs a unit: ms, s, m, h or d" :
-	    "unknown duration unit (use ms, s, m, h or d)";
+	    *p == ' ' || *p == '\t' ? "no space between a duration's number "
+	    "and its unit: 1s, not 1 s" :
+	    unit_in_capitals(p) ? "units are lower case: ms, s, m (minutes), h "
+	    "or d" : "unknown duration unit (use ms, s, m, h or d)";
 	return -1;
 }
 
@@ -935,6 +999,14 @@ config_parse_rate(const char *s, long long *n, long long *period_us,
 		return -1;
 	}
 	slash++;
+	if (*slash == '\0') {
+		*cause = "rate needs a period after its \"/\": \"10/s\" or \"5/10s\"";
+		return -1;
+	}
+	if (strchr(slash, '/') != NULL) {
+		*cause = "a rate has one \"/\": \"10/s\" or \"5/10s\"";
+		return -1;
+	}
 	if (isdigit((unsigned char)*slash) || *slash == '.')
 		return config_parse_duration(slash, period_us, cause);
 	/* A bare unit means one of it: "10/s" is "10/1s". */
@@ -944,7 +1016,9 @@ config_parse_rate(const char *s, long long *n, long long *period_us,
 	}
 	snprintf(unit, sizeof(unit), "1%s", slash);
 	if (config_parse_duration(unit, period_us, cause) == -1) {
-		*cause = "unknown rate unit (use ms, s, m, h or d)";
+		*cause = unit_in_capitals(slash) ? "units are lower case: ms, s, "
+		    "m (minutes), h or d" : *slash == ' ' ? "no space after a "
+		    "rate's \"/\": \"10/s\"" : "unknown rate unit (use ms, s, m, h or d)";
 		return -1;
 	}
 	return 0;
@@ -1060,6 +1134,40 @@ config_parse_cidr(const char *s, struct cidr *out)
 	return 0;
 }
 
+/* Is s a non-empty run of decimal digits? Such a key is most often the
+ * rest of a number split at a comma inside { }: "limit: 1,000". */
+static int
+all_digits(const char *s)
+{
+	if (*s == '\0')
+		return 0;
+	for (; *s; s++)
+		if (!isdigit((unsigned char)*s))
+			return 0;
+	return 1;
+}
+
+/*
+ * A scalar written as a key and its value with no space after the colon
+ * ("workers:2"), which YAML reads as one word: advice into buf, or "".
+ */
+static const char *
+colon_without_space(const struct node *nd, char *buf, size_t size)
+{
+	const char *v = nd->type == NODE_SCALAR && nd->plain ? nd->value : NULL;
+	const char *colon = v ? strchr(v, ':') : NULL;
+
+	if (colon == NULL || colon == v || colon[1] == '\0' || colon[1] == ' ' ||
+	    colon[1] == ':')
+		return "";
+	for (const char *p = v; p < colon; p++)
+		if (!isalnum((unsigned char)*p) && *p != '_' && *p != '-')
+			return "";
+	snprintf(buf, size, " (a key needs a space after its colon: \"%.*s: %.24s\")",
+	    (int)(colon - v > 32 ? 32 : colon - v), v, colon + 1);
+	return buf;
+}
+
 /* --- mapping walker ---------------------------------------------------- */
 
 /* One key of a mapping section: its name and its handler. */
@@ -1076,8 +1184,10 @@ walk_mapping(struct loader *ld, const struct node *map, const char *where,
 {
 	*seen = 0;
 	if (map->type != NODE_MAPPING) {
-		node_error(ld, map, "%s: expected a mapping, got %s", where,
-		    node_type_name(map));
+		char fix[96];
+
+		node_error(ld, map, "%s: expected a mapping, got %s%s", where,
+		    node_type_name(map), colon_without_space(map, fix, sizeof(fix)));
 		return;
 	}
 	for (size_t i = 0; i + 1 < map->nitems; i += 2) {
@@ -1098,8 +1208,9 @@ walk_mapping(struct loader *ld, const struct node *map, const char *where,
 				strncat(known, t ? ", " : "", sizeof(known) - strlen(known) - 1);
 				strncat(known, table[j = t].name, sizeof(known) - strlen(known) - 1);
 			}
-			node_error(ld, k, "%s: unknown key \"%s\" (expected one of: %s)",
-			    where, echo(ld, k->value), known);
+			node_error(ld, k, "%s: unknown key \"%s\" (expected one of: %s%s)",
+			    where, echo(ld, k->value), known, all_digits(k->value) ?
+			    "; a number takes no thousands separator: 1000, not 1,000" : "");
 			continue;
 		}
 		if (*seen & (1UL << j)) {
@@ -1741,8 +1852,13 @@ limit_set_free(struct limit_set *set)
 static int
 parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 {
-	/* Per accepted limit, its name node, or its mapping when unnamed. */
-	const struct node **where;
+	/* Per item of the list, its name and where it is (the name node, or
+	 * the mapping when unnamed), so that a name used twice is reported
+	 * along with whatever else is wrong with either limit. */
+	const char **name_at;
+	const struct node **where_at;
+	char **refused_name;		/* the names of refused limits */
+	size_t *item_of;		/* per accepted limit, its item */
 	int bad = 0;
 
 	if (nd->type != NODE_SEQUENCE) {
@@ -1760,7 +1876,10 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 		return -1;
 	}
 	set->limits = xcalloc(nd->nitems, sizeof(*set->limits));
-	where = xcalloc(nd->nitems, sizeof(*where));
+	name_at = xcalloc(nd->nitems, sizeof(*name_at));
+	where_at = xcalloc(nd->nitems, sizeof(*where_at));
+	refused_name = xcalloc(nd->nitems, sizeof(*refused_name));
+	item_of = xcalloc(nd->nitems, sizeof(*item_of));
 	for (size_t i = 0; i < nd->nitems; i++) {
 		struct limit_draft d;
 		unsigned long seen;
@@ -1778,16 +1897,20 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 			if (ld->errors->n == nerr)
 				node_error(ld, d.node, "%s: \"algorithm\" is required",
 				    d.where);
-			free(d.l.name);
+		}
+		if (!d.has_algorithm || limit_finish(ld, &d) == -1 ||
+		    ld->errors->n != nerr) {
+			if (d.l.name && d.name_nd) {
+				refused_name[i] = d.l.name;
+				name_at[i] = d.l.name;
+				where_at[i] = d.name_nd;
+			} else
+				free(d.l.name);
 			bad = 1;
 			continue;
 		}
-		if (limit_finish(ld, &d) == -1 || ld->errors->n != nerr) {
-			free(d.l.name);
-			bad = 1;
-			continue;
-		}
-		where[set->nlimits] = d.name_nd ? d.name_nd : d.node;
+		where_at[i] = d.name_nd ? d.name_nd : d.node;
+		item_of[set->nlimits] = i;
 		set->limits[set->nlimits++] = d.l;
 		if (d.l.quota > set->max_quota)
 			set->max_quota = d.l.quota;
@@ -1805,19 +1928,26 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 		l->name = seq == 1 ? xstrdup(algorithm_names[l->algorithm]) :
 		    xasprintf("%s-%d", algorithm_names[l->algorithm], seq);
 	}
+	for (size_t k = 0; k < set->nlimits; k++)
+		name_at[item_of[k]] = set->limits[k].name;
 	/* Reported at the later of the two, as duplicate route names are. */
-	for (size_t i = 0; i < set->nlimits; i++)
-		for (size_t j = 0; j < i; j++)
-			if (strcmp(set->limits[i].name, set->limits[j].name) == 0) {
-				node_error(ld, where[i], "limits: two limits are named "
-				    "\"%s\" (%sthe first at %d:%d)", set->limits[i].name,
-				    where[i]->type == NODE_MAPPING ? "this one by "
-				    "default, after its algorithm; " : "", where[j]->line,
-				    where[j]->col);
+	for (size_t i = 0; i < nd->nitems; i++)
+		for (size_t j = 0; name_at[i] && j < i; j++)
+			if (name_at[j] && strcmp(name_at[i], name_at[j]) == 0) {
+				node_error(ld, where_at[i], "limits: two limits are named "
+				    "\"%s\" (%sthe first at %d:%d)", name_at[i],
+				    where_at[i]->type == NODE_MAPPING ? "this one by "
+				    "default, after its algorithm; " : "", where_at[j]->line,
+				    where_at[j]->col);
 				bad = 1;
 				break;
 			}
-	free(where);
+	for (size_t i = 0; i < nd->nitems; i++)
+		free(refused_name[i]);
+	free(refused_name);
+	free(name_at);
+	free(where_at);
+	free(item_of);
 	return bad ? -1 : 0;
 }
 
@@ -2440,8 +2570,9 @@ mapping_get(const struct node *map, const char *name)
 
 /* A key listed twice in a route's overrides (or an address spelled twice,
  * "::1" and "0:0:0:0:0:0:0:1", on a route keyed by ip): only its first
- * override would ever apply. Run once the route was read without errors,
- * so its nodes and its overrides are in step. */
+ * override would ever apply. Read from the nodes as written, so that it is
+ * reported with whatever else is wrong in the route; an address is
+ * compared as one when the route's keys were read (r->nkeys). */
 static void
 check_override_keys_unique(struct loader *ld, const struct route *r,
     const struct node *route_nd)
@@ -2449,26 +2580,38 @@ check_override_keys_unique(struct loader *ld, const struct route *r,
 	const struct node *overrides_nd = mapping_get(route_nd, "overrides");
 	struct override_key_at *all;
 	size_t n = 0, k = 0;
-	int by_ip = policy_route_keys_by_ip(r);
+	int by_ip = r->nkeys > 0 && policy_route_keys_by_ip(r);
 
-	for (size_t i = 0; i < r->noverrides; i++)
-		n += r->overrides[i].nkeys;
-	if (n < 2 || overrides_nd == NULL)
+	if (overrides_nd == NULL || overrides_nd->type != NODE_SEQUENCE)
 		return;
-	all = xcalloc(n, sizeof(*all));
-	for (size_t i = 0; i < r->noverrides; i++) {
+	for (size_t i = 0; i < overrides_nd->nitems; i++) {
 		const struct node *keys_nd = mapping_get(overrides_nd->items[i], "keys");
 
-		for (size_t j = 0; j < r->overrides[i].nkeys; j++) {
-			const char *key = r->overrides[i].keys[j];
+		if (keys_nd && keys_nd->type == NODE_SEQUENCE)
+			n += keys_nd->nitems;
+	}
+	if (n < 2)
+		return;
+	all = xcalloc(n, sizeof(*all));
+	for (size_t i = 0; i < overrides_nd->nitems; i++) {
+		const struct node *keys_nd = mapping_get(overrides_nd->items[i], "keys");
+
+		for (size_t j = 0; keys_nd && keys_nd->type == NODE_SEQUENCE &&
+		    j < keys_nd->nitems; j++) {
+			const struct node *key_nd = keys_nd->items[j];
+			const char *key = key_nd->value;
 			char canon[64];
 
+			/* (one that is not a string, or empty, has its error) */
+			if (key_nd->type != NODE_SCALAR || key == NULL || *key == '\0')
+				continue;
 			all[k].key = key;
 			all[k].as = xstrdup(by_ip && policy_canonical_ip(key, strlen(key),
 			    canon, sizeof(canon)) == 0 ? canon : key);
-			all[k++].nd = keys_nd->items[j];
+			all[k++].nd = key_nd;
 		}
 	}
+	n = k;
 	qsort(all, n, sizeof(*all), override_key_cmp);
 	for (size_t i = 1; i < n; i++)
 		if (strcmp(all[i].as, all[i - 1].as) == 0) {
@@ -2714,10 +2857,9 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 			d.r.keys[0].type = KEY_IP;
 			d.r.nkeys = 1;
 		}
-		if (ld->errors->n == nerr) {
-			check_override_keys_unique(ld, &d.r, d.node);
+		check_override_keys_unique(ld, &d.r, d.node);
+		if (ld->errors->n == nerr)
 			warn_override_keys_unmatched(ld, &d.r, d.node);
-		}
 		/* The first copy only: naming every earlier one made n copies
 		 * n²/2 errors (a 10 KB file of 1,000 gave 499,500 lines). */
 		for (size_t j = 0; d.r.name && j < nnames; j++)
@@ -3025,6 +3167,7 @@ config_load(const char *path, struct config_errors *errors)
 	int fd;
 
 	memset(errors, 0, sizeof(*errors));
+	memset(&st, 0, sizeof(st));	/* (fstat may fail: then not a FIFO) */
 	/* O_NONBLOCK: opening a FIFO with no writer would block the main
 	 * thread, and with it reloads and SIGTERM; reads block again below,
 	 * and one from a FIFO nobody writes is an empty file. */
@@ -3045,7 +3188,11 @@ config_load(const char *path, struct config_errors *errors)
 		errorf(&ld, 1, 1, "cannot open: %s", strerror(errno));
 		close(fd);
 	} else if ((root = yaml_load_file(&ld, fp)) == NULL && errors->n == 0)
-		errorf(&ld, 1, 1, "the policy file is empty");
+		/* A FIFO (a pipe, -c <(...)) is read once, from a writer
+		 * that is there when it opens. */
+		errorf(&ld, 1, 1, S_ISFIFO(st.st_mode) ? "is a FIFO with no writer "
+		    "or nothing written: a policy is read from it once, at each "
+		    "load" : "the policy file is empty");
 	if (fp)
 		fclose(fp);
 	if (root) {

@@ -861,9 +861,28 @@ def test_override_key_listed_twice_is_an_error(tmp_path):
     assert errs == [(10, 25, 'overrides: client key "0:0:0:0:0:0:0:1" is already listed '
                              'at 10:18 (the same address); only its first override would '
                              'apply')], errs
+    # reported with the other errors of the route, all at once: fixing one
+    # did not reveal the next
     errs = bad_text(tmp_path, text.replace("[b, b]", '[""]'))
-    assert errs == [(10, 18, "keys: an empty key matches no client (an empty value is "
-                             "no key)")], errs
+    assert errs == [
+        (9, 21, 'overrides: client key "a" is already listed at 8:18; only its first '
+                'override would apply'),
+        (10, 18, "keys: an empty key matches no client (an empty value is no key)")], errs
+    errs = bad_text(tmp_path, text.replace("{ keys: [b, b], unlimited: true }",
+                                           "{ keys: [d] }"))
+    assert errs == [
+        (9, 21, 'overrides: client key "a" is already listed at 8:18; only its first '
+                'override would apply'),
+        (10, 9, 'override: needs "limits" or "unlimited: true"')], errs
+
+
+def test_a_limit_name_used_twice_is_reported_with_the_limits_errors(tmp_path):
+    errs = bad_text(tmp_path, one_route([
+        "{ name: a, algorithm: fixed_window, limit: 0, window: 1m }",
+        "{ name: a, algorithm: fixed_window, limit: 1, window: 1m }"]))
+    assert errs == [
+        (5, 52, "limit: 0 is out of range [1, 1000000000000]"),
+        (6, 17, 'limits: two limits are named "a" (the first at 5:17)')], errs
 
 
 @pytest.mark.parametrize("value", ['"A B"', "1BAD", '""', "X-Y"])
@@ -1125,3 +1144,32 @@ def test_a_wider_range_after_a_narrower_one_is_no_warning(tmp_path):
     ])
     p = validate(path)
     assert p.returncode == 0 and "already trusted" not in p.stderr.decode(), p.stderr
+
+
+def test_common_slips_get_advice(tmp_path):
+    """A tab, a key glued to its value, a number written 1,000: libyaml's
+    words or the schema's say where, the advice says what to change."""
+    errs = bad_text(tmp_path, "routes:\n\t- name: api\n")
+    assert errs == [(2, 1, "YAML syntax error: found character that cannot start any "
+                           "token while scanning for the next token (a tab: YAML "
+                           "indents with spaces only)")], errs
+    errs = bad_text(tmp_path, "failure_mode:closed\nroutes:\n  - name: a\n")
+    assert errs == [(2, 7, "YAML syntax error: mapping values are not allowed in this "
+                           "context (line 1: a key needs a space after its colon: "
+                           "\"failure_mode: closed\")")], errs
+    errs = bad_text(tmp_path, "server:\n  workers:2\n" + one_route(
+        ["{ algorithm: fixed_window, limit: 1,000, window: 1m }"]))
+    assert errs == [
+        (2, 3, 'server: expected a mapping, got a scalar (a key needs a space after '
+               'its colon: "workers: 2")'),
+        (7, 45, 'limits[0]: unknown key "000" (expected one of: name, algorithm, limit, '
+                'window, precision, rate, burst, delay; a number takes no thousands '
+                'separator: 1000, not 1,000)')], errs
+
+
+def test_a_fifo_with_nothing_written_says_so(tmp_path):
+    fifo = os.path.join(str(tmp_path), "policy.yaml")
+    os.mkfifo(fifo)
+    assert run_bad(fifo) == [(1, 1, "is a FIFO with no writer or nothing written: a "
+                                    "policy is read from it once, at each load")]
+

@@ -124,6 +124,23 @@ test_durations(void)
 	CHECK(config_parse_rate("/s", &n, &p, &cause) == -1);
 	CHECK(config_parse_rate("10/x", &n, &p, &cause) == -1);
 	CHECK(config_parse_rate("a/s", &n, &p, &cause) == -1);
+	/* The cause names the mistake, not just "unknown unit". */
+	CHECK(config_parse_duration("1 s", &us, &cause) == -1 &&
+	    strcmp(cause, "no space between a duration's number and its unit: "
+	    "1s, not 1 s") == 0);
+	CHECK(config_parse_duration("1M", &us, &cause) == -1 &&
+	    strcmp(cause, "units are lower case: ms, s, m (minutes), h or d") == 0);
+	CHECK(config_parse_rate("10/S", &n, &p, &cause) == -1 &&
+	    strcmp(cause, "units are lower case: ms, s, m (minutes), h or d") == 0);
+	CHECK(config_parse_rate("10/", &n, &p, &cause) == -1 &&
+	    strcmp(cause, "rate needs a period after its \"/\": \"10/s\" or "
+	    "\"5/10s\"") == 0);
+	CHECK(config_parse_rate("10/s/2", &n, &p, &cause) == -1 &&
+	    strcmp(cause, "a rate has one \"/\": \"10/s\" or \"5/10s\"") == 0);
+	CHECK(config_parse_rate("10/ s", &n, &p, &cause) == -1 &&
+	    strcmp(cause, "no space after a rate's \"/\": \"10/s\"") == 0);
+	CHECK(config_parse_rate("10/min", &n, &p, &cause) == -1 &&
+	    strcmp(cause, "unknown rate unit (use ms, s, m, h or d)") == 0);
 }
 
 static void
