@@ -5,6 +5,8 @@
 set -eu
 policy=${1:-conf/ratelimitd.yaml}
 [ -r "$policy" ] || { echo "run: cannot read $policy" >&2; exit 1; }
+# A policy with errors is reported before a Redis is started for nothing.
+build/ratelimitd -t -c "$policy" >/dev/null || exit 1
 # redis.address from the policy (host:port), in block or flow style
 # (`redis: { address: host:port }`); unix sockets are left to the user.
 addr=$(awk '

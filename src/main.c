@@ -722,7 +722,10 @@ main(int argc, char **argv)
 	standard_streams_open();
 	event_set_log_callback(on_libevent_log);
 
-	while ((ch = getopt_long(argc, argv, "c:thv", longopts, NULL)) != -1) {
+	/* Our own messages, named "ratelimitd" as the others are, rather
+	 * than getopt's, named after however the binary was invoked. */
+	opterr = 0;
+	while ((ch = getopt_long(argc, argv, ":c:thv", longopts, NULL)) != -1) {
 		switch (ch) {
 		case 'c':
 			/* One daemon serves one policy: a second file given
@@ -746,7 +749,21 @@ main(int argc, char **argv)
 		case 'v':
 			printf("ratelimitd %s\n", RATELIMITD_VERSION);
 			return 0;
+		case ':':
+			fprintf(stderr, "ratelimitd: %s needs a file name\n",
+			    optopt == 'c' && strncmp(argv[optind - 1], "--", 2) != 0 ?
+			    "-c" : "--config");
+			usage(stderr);
+			return 1;
 		default:
+			if (strncmp(argv[optind - 1], "--", 2) != 0)
+				fprintf(stderr, "ratelimitd: unknown option -%c\n", optopt);
+			else if (optopt != 0)	/* a known one, given a value */
+				fprintf(stderr, "ratelimitd: \"%s\": that option takes "
+				    "no value\n", argv[optind - 1]);
+			else
+				fprintf(stderr, "ratelimitd: unknown option \"%s\"\n",
+				    argv[optind - 1]);
 			usage(stderr);
 			return 1;
 		}

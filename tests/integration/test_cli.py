@@ -50,7 +50,15 @@ def test_wrong_usage_says_what_is_wrong():
                        ((), "-c FILE is required"),
                        (("-t", "-c", POLICY, "-c", "other.yaml"),
                         f'-c given twice ("{POLICY}" and "other.yaml")'),
-                       (("-t", "-c", ""), "-c needs a file name, not an empty one")):
+                       (("-t", "-c", ""), "-c needs a file name, not an empty one"),
+                       # named "ratelimitd" as above, not after the path the
+                       # binary was run by, as getopt's own messages were
+                       (("-x",), "unknown option -x"),
+                       (("-tx",), "unknown option -x"),
+                       (("--bogus",), 'unknown option "--bogus"'),
+                       (("--test=1",), '"--test=1": that option takes no value'),
+                       (("-c",), "-c needs a file name"),
+                       (("--config",), "--config needs a file name")):
         r = run(*args)
         assert r.returncode == 1 and r.stderr.startswith("ratelimitd: " + says), (args, r.stderr)
 
