@@ -653,7 +653,7 @@ def test_policy_replaced_by_a_fifo_blocks_nothing(ops_daemon, tmp_path):
     os.unlink(d.policy_path)
     os.mkfifo(d.policy_path)
     d.signal(signal.SIGHUP)
-    assert wait_until(lambda: "empty" in d.log(), timeout=RELOAD_S), d.log()
+    assert wait_until(lambda: "is a FIFO with no writer" in d.log(), timeout=RELOAD_S), d.log()
     assert route_limits(d, "api")[0]["limit"] == 3
     t0 = time.monotonic()
     d.stopped_by_test = True
