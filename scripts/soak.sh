@@ -256,6 +256,14 @@ install_policy() {
 
 DAEMON_PID= DAEMON_PORT= URL=
 
+# daemon_alive: the daemon runs (a zombie, dead but not yet waited for,
+# does not).
+daemon_alive() {
+	local st
+	st=$(awk '/^State:/ { print $2 }' "/proc/$DAEMON_PID/status" 2>/dev/null)
+	[[ -n $st && $st != Z ]]
+}
+
 metrics() { curl -s --max-time 5 "$URL/metrics"; }
 # metric_sum REGEX: the sum of the samples whose line matches REGEX.
 metric_sum() { metrics | awk -v re="$1" '$0 ~ re && !/^#/ { n += $NF } END { printf "%d\n", n }'; }
@@ -417,7 +425,7 @@ fault_loop() {
 		done
 		for kind in "${order[@]}"; do
 			(($(date +%s) < end)) || return 0
-			kill -0 "$DAEMON_PID" 2>/dev/null || return 0
+			daemon_alive || return 0
 			FAULT_DETAIL=
 			t0=$EPOCHREALTIME
 			"fault_$kind"
@@ -559,7 +567,7 @@ main() {
 
 	# Settle: the policy in force is the base one, Redis answers.
 	local alive=1
-	kill -0 "$DAEMON_PID" 2>/dev/null || alive=0
+	daemon_alive || alive=0
 	if ((alive)); then
 		[[ $CUR_REDIS == 1 && $CUR_SCALE == 1 ]] || reload_to 1 1
 		local i ready=0
@@ -576,6 +584,7 @@ main() {
 
 	# Scrape, RSS, then stop.
 	local scrape_ok=0 checks=0 rss_end=0
+	daemon_alive || alive=0
 	if ((alive)) && metrics >"$WORK/metrics.txt" && grep -q '^ratelimitd_checks_total' "$WORK/metrics.txt"; then
 		scrape_ok=1
 		checks=$(awk '/^ratelimitd_checks_total\{/ { n += $NF } END { printf "%d\n", n }' "$WORK/metrics.txt")
@@ -586,18 +595,16 @@ main() {
 	forget_pid "$mon"
 
 	local stop_rc=none stop_s=n/a t0
-	kill -0 "$DAEMON_PID" 2>/dev/null || alive=0
+	daemon_alive || alive=0
 	if ((alive)); then
 		t0=$EPOCHREALTIME
 		kill -TERM "$DAEMON_PID"
 		for ((i = 0; i < (DRAIN_S + EXIT_MARGIN_S) * 20; i++)); do
-			kill -0 "$DAEMON_PID" 2>/dev/null || break
-			# a zombie is gone too: wait reaps it below
-			[[ $(awk '/^State:/ { print $2 }' "/proc/$DAEMON_PID/status" 2>/dev/null) == Z ]] && break
+			daemon_alive || break
 			sleep 0.05
 		done
 		stop_s=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
-		if kill -0 "$DAEMON_PID" 2>/dev/null && [[ $(awk '/^State:/ { print $2 }' "/proc/$DAEMON_PID/status" 2>/dev/null) != Z ]]; then
+		if daemon_alive; then
 			stop_rc="still running after ${stop_s} s"
 			kill -KILL "$DAEMON_PID"
 			wait "$DAEMON_PID" 2>/dev/null
@@ -693,12 +700,29 @@ report() {
 			END { s = "checks"; for (k in n) s = s " " k "=" n[k]; s = s "; redis errors"; for (k in e) s = s " " k "=" e[k]
 			      s = s "; reloads"; for (k in c) s = s " " k "=" c[k]; print s }' "$WORK/metrics.txt")."
 	fi
+	if [[ -s $WORK/metrics.txt ]]; then
+		# Information, not a verdict: on 2 shared cores under ASan the
+		# loop is late now and then; SPEC 3.1 wants redis.timeout plus a
+		# few ms.
+		echo "Check durations (the daemon's histogram, arrival to reply): $(awk '
+			/^ratelimitd_check_duration_seconds_bucket\{le="0.05"\}/ { a = $NF }
+			/^ratelimitd_check_duration_seconds_bucket\{le="0.1"\}/ { b = $NF }
+			/^ratelimitd_check_duration_seconds_bucket\{le="0.25"\}/ { c = $NF }
+			/^ratelimitd_check_duration_seconds_bucket\{le="1"\}/ { d = $NF }
+			/^ratelimitd_check_duration_seconds_count/ { n = $NF }
+			END { printf "%d of %d over 50 ms, %d over 100 ms, %d over 250 ms, %d over 1 s", n - a, n, n - b, n - c, n - d }' "$WORK/metrics.txt")."
+	fi
 	echo "Daemon RSS (MB) every 5 s: $(awk '$1 == "rss" { printf "%s%.1f", s, $3 / 1024; s = " " }' "$WORK/monitor.out" 2>/dev/null)."
 	echo "Daemon log: $(wc -l <"$WORK/daemon.err") lines."
 	if ((${#FAULT_ERRORS[@]})); then
 		echo
 		echo "Fault problems:"
 		for r in "${FAULT_ERRORS[@]}"; do echo "- $r"; done
+	fi
+	if grep -qE 'AddressSanitizer|UndefinedBehaviorSanitizer|LeakSanitizer|runtime error:' "$WORK/daemon.err"; then
+		echo
+		echo "Sanitizer report (first lines of daemon.err that name one, with what follows):"
+		grep -m1 -A12 -E 'AddressSanitizer|UndefinedBehaviorSanitizer|LeakSanitizer|runtime error:' "$WORK/daemon.err" | sed 's/^/    /'
 	fi
 	if grep -q '^miss ' "$WORK/monitor.out" 2>/dev/null; then
 		echo

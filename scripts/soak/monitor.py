@@ -5,12 +5,12 @@ RSS until a stop file appears (or MAX_SECONDS pass), then writes a summary.
     monitor.py PID PORT STOPFILE OUTFILE MAX_SECONDS
 
 Every 0.25 s: one GET /healthz on a new connection, with a 1 s timeout (a
-poll that fails, times out or is not `200 ok` is a miss); VmRSS from
-/proc/PID/status; whether PID is still alive (a zombie is dead). OUTFILE
-gets one "name value" a line: polls, misses, max_ms (slowest healthz),
-rss_max_kb, rss_last_kb, died (0 or 1), an "rss SECONDS KB" line every 5 s, and a
-"miss ..." line for each of
-the first 20 misses saying when and what.
+poll that fails, times out or is not `200 ok` is a miss, and so is
+finding the daemon dead); VmRSS from /proc/PID/status; whether PID is
+still alive (a zombie is dead). OUTFILE gets one "name value" a line:
+polls, misses, max_ms (slowest healthz), rss_max_kb, rss_last_kb, died (0
+or 1), an "rss SECONDS KB" line every 5 s, and a "miss ..." line for each
+of the first 20 misses saying when and what.
 """
 import http.client
 import os
@@ -78,6 +78,7 @@ def main():
         t = time.monotonic()
         if not alive(pid):
             died = 1
+            misses += 1
             miss_lines.append("miss %.1f daemon not alive" % (t - start))
             break
         r = rss_kb(pid)
