@@ -1,7 +1,8 @@
 # ratelimitd — plain Makefile (STYLE 23). `make` builds build/ratelimitd;
 # `make test` runs every test; `make run` starts it with a local Redis;
-# `make bench` measures it. SANITIZE=address,undefined builds a sanitized
-# binary under build/asan/.
+# `make bench` measures it; `make soak` runs the sanitized daemon through
+# Redis faults and reloads under load. SANITIZE=address,undefined builds a
+# sanitized binary under build/asan/.
 
 CC	?= cc
 PKGS	 = libevent libevent_pthreads hiredis yaml-0.1 jansson
@@ -41,9 +42,9 @@ DEBS_RUN   = redis-server redis-tools
 # which its libclang-common only recommends (--no-install-recommends leaves
 # them out).
 DEBS_TEST  = python3-pytest python3-redis python3-requests nginx-light clang \
-	     libclang-rt-dev wrk strace stunnel4 openssl
+	     libclang-rt-dev wrk strace stunnel4 openssl curl
 
-.PHONY: all clean test unit integration asan run bench deps deps-test fuzz
+.PHONY: all clean test unit integration asan run bench soak deps deps-test fuzz
 
 all: $(BUILD)/ratelimitd build/limits.lua
 
@@ -127,6 +128,11 @@ run: deps
 
 bench: deps-test
 	bash scripts/bench.sh
+
+# The sanitized daemon under wrk load through SOAK_SECONDS (default 60) of
+# Redis faults and reloads; not part of `make test` (see README).
+soak: deps-test
+	bash scripts/soak.sh
 
 # Fuzzes the policy loader (config.c and what it uses), the HTTP server,
 # the request path of one worker (every module but main.c, with Redis
