@@ -679,7 +679,12 @@ report() {
 	echo
 	echo "## ratelimitd soak ($(date -u +%Y-%m-%dT%H:%M:%SZ), ${DURATION}s, seed $SEED, $(nproc) CPUs, load average $(cut -d' ' -f1-3 /proc/loadavg))"
 	echo
-	echo "Sanitized daemon (ASan + UBSan), server.workers 2, redis.timeout 50ms; wrk -t1 -c$CONNS on $OPEN_ROUTES and wrk -t1 -c$CONNS_CLOSED on closed (failure_mode: closed), X-Api-Key over $NKEYS keys and 8 hot ones."
+	if [[ $BIN == */asan/* ]]; then
+		what="Sanitized daemon (ASan + UBSan, $BIN)"
+	else
+		what="Daemon $BIN"
+	fi
+	echo "$what, server.workers 2, redis.timeout 50ms; wrk -t1 -c$CONNS on $OPEN_ROUTES and wrk -t1 -c$CONNS_CLOSED on closed (failure_mode: closed), X-Api-Key over $NKEYS keys and 8 hot ones."
 	echo
 	echo "| check | seen | result |"
 	echo "|---|---|---|"
