@@ -918,6 +918,39 @@ static const struct {
 };
 #define NUNITS	(sizeof(duration_units) / sizeof(duration_units[0]))
 
+/* The cause for a unit spelled out ("min", "seconds"), or NULL. */
+static const char *
+unit_spelled_out(const char *unit)
+{
+	static const struct {
+		const char *words, *cause;
+	} spelled[] = {
+		{ " ms msec msecs millisecond milliseconds millis ",
+		    "units are ms, s, m, h or d: ms for milliseconds" },
+		{ " sec secs second seconds ", "units are ms, s, m, h or d: s for seconds" },
+		{ " min mins minute minutes ", "units are ms, s, m, h or d: m for minutes" },
+		{ " hr hrs hour hours ", "units are ms, s, m, h or d: h for hours" },
+		{ " day days ", "units are ms, s, m, h or d: d for days" },
+	};
+	char word[16];
+	size_t n = strlen(unit);
+
+	if (n == 0 || n > sizeof(word) - 3)
+		return NULL;
+	word[0] = ' ';
+	for (size_t i = 0; i < n; i++) {
+		if (!isalpha((unsigned char)unit[i]))
+			return NULL;
+		word[i + 1] = (char)tolower((unsigned char)unit[i]);
+	}
+	word[n + 1] = ' ';
+	word[n + 2] = '\0';
+	for (size_t i = 0; i < sizeof(spelled) / sizeof(spelled[0]); i++)
+		if (strstr(spelled[i].words, word))
+			return spelled[i].cause;
+	return NULL;
+}
+
 /* Is unit one of the units in another case ("M", "Ms")? */
 static int
 unit_in_capitals(const char *unit)
@@ -976,7 +1009,8 @@ config_parse_duration(const char *s, long long *us, const char **cause)
 	    *p == ' ' || *p == '\t' ? "no space between a duration's number "
 	    "and its unit: 1s, not 1 s" :
 	    unit_in_capitals(p) ? "units are lower case: ms, s, m (minutes), h "
-	    "or d" : "unknown duration unit (use ms, s, m, h or d)";
+	    "or d" : unit_spelled_out(p) ? unit_spelled_out(p) :
+	    "unknown duration unit (use ms, s, m, h or d)";
 	return -1;
 }
 
@@ -1018,7 +1052,8 @@ config_parse_rate(const char *s, long long *n, long long *period_us,
 	if (config_parse_duration(unit, period_us, cause) == -1) {
 		*cause = unit_in_capitals(slash) ? "units are lower case: ms, s, "
 		    "m (minutes), h or d" : *slash == ' ' ? "no space after a "
-		    "rate's \"/\": \"10/s\"" : "unknown rate unit (use ms, s, m, h or d)";
+		    "rate's \"/\": \"10/s\"" : unit_spelled_out(slash) ?
+		    unit_spelled_out(slash) : "unknown rate unit (use ms, s, m, h or d)";
 		return -1;
 	}
 	return 0;

@@ -140,6 +140,12 @@ test_durations(void)
 	CHECK(config_parse_rate("10/ s", &n, &p, &cause) == -1 &&
 	    strcmp(cause, "no space after a rate's \"/\": \"10/s\"") == 0);
 	CHECK(config_parse_rate("10/min", &n, &p, &cause) == -1 &&
+	    strcmp(cause, "units are ms, s, m, h or d: m for minutes") == 0);
+	CHECK(config_parse_duration("2Days", &us, &cause) == -1 &&
+	    strcmp(cause, "units are ms, s, m, h or d: d for days") == 0);
+	CHECK(config_parse_duration("30sec", &us, &cause) == -1 &&
+	    strcmp(cause, "units are ms, s, m, h or d: s for seconds") == 0);
+	CHECK(config_parse_rate("10/fortnight", &n, &p, &cause) == -1 &&
 	    strcmp(cause, "unknown rate unit (use ms, s, m, h or d)") == 0);
 }
 
