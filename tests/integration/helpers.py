@@ -18,6 +18,7 @@ import pytest
 import requests
 
 from conftest import RedisServer, wait_until
+from conftest import avoid_hour_boundary as conftest_avoid_hour_boundary
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("RATELIMITD_BIN", os.path.join(ROOT, "build", "ratelimitd"))
@@ -312,11 +313,6 @@ def shared_daemon(tmp_path_factory, policy_text):
         rs.stop()
 
 
-@pytest.fixture(autouse=True)
-def avoid_hour_boundary():
-    """Most tests count in one aligned 1h fixed window; one that straddled
-    the top of the hour would see its counts reset. Start clear of it."""
-    left = 3600 - time.time() % 3600
-    if left < 3:
-        time.sleep(left + 0.05)
-    yield
+# Defined in conftest.py, for every module; the modules that import it from
+# here by name still get the one fixture.
+avoid_hour_boundary = conftest_avoid_hour_boundary
