@@ -40,6 +40,8 @@ export LC_ALL=C
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HERE="$ROOT/scripts/bench"
+# shellcheck source=scripts/procs.sh
+. "$ROOT/scripts/procs.sh"
 BIN=${RATELIMITD_BIN:-$ROOT/build/ratelimitd}
 LUA=${RATELIMITD_LUA:-$ROOT/build/limits.lua}
 DURATION=${BENCH_DURATION:-10}
@@ -66,19 +68,7 @@ die() { say "error: $*"; exit 1; }
 err() { say "error: $*"; ERRORS=$((ERRORS + 1)); }
 
 cleanup() {
-	local pid i
-	for pid in "${PIDS[@]}"; do
-		kill -0 "$pid" 2>/dev/null && kill -TERM "$pid" 2>/dev/null
-	done
-	for pid in "${PIDS[@]}"; do
-		for ((i = 0; i < 50; i++)); do
-			kill -0 "$pid" 2>/dev/null || break
-			sleep 0.1
-		done
-		kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
-		wait "$pid" 2>/dev/null
-	done
-	PIDS=()
+	stop_started
 	if [[ -n $WORK && -d $WORK ]]; then
 		if [[ ${BENCH_KEEP:-0} == 1 ]]; then
 			say "work directory kept: $WORK"
@@ -90,12 +80,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-
-forget_pid() {
-	local p keep=()
-	for p in "${PIDS[@]}"; do [[ $p == "$1" ]] || keep+=("$p"); done
-	PIDS=("${keep[@]}")
-}
 
 # Stops one process we started: TERM, up to $2 s, then KILL. Sets STOP_RC.
 stop_pid() {
@@ -116,14 +100,6 @@ stop_pid() {
 		STOP_RC=$?
 	fi
 	forget_pid "$pid"
-}
-
-free_port() {
-	/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-need() {
-	command -v "$1" >/dev/null 2>&1 || die "$1 not found (Debian: apt-get install $2)"
 }
 
 # ---- /proc sampling --------------------------------------------------------

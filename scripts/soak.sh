@@ -51,6 +51,8 @@ export LC_ALL=C
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 HERE="$ROOT/scripts/soak"
+# shellcheck source=scripts/procs.sh
+. "$ROOT/scripts/procs.sh"
 BIN=${RATELIMITD_BIN:-$ROOT/build/asan/ratelimitd}
 PY=/usr/bin/python3
 DURATION=${SOAK_SECONDS:-60}
@@ -82,23 +84,12 @@ say() { printf '[soak %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { say "error: $*"; FAILED=1; exit 1; }
 
 cleanup() {
-	local pid i
+	local pid
 	# A Redis left stopped by a fault would not see its SIGTERM.
 	for pid in "${REDIS_PID[@]}"; do
 		[[ -n $pid ]] && kill -CONT "$pid" 2>/dev/null
 	done
-	for pid in "${PIDS[@]}"; do
-		kill -0 "$pid" 2>/dev/null && kill -TERM "$pid" 2>/dev/null
-	done
-	for pid in "${PIDS[@]}"; do
-		for ((i = 0; i < 50; i++)); do
-			kill -0 "$pid" 2>/dev/null || break
-			sleep 0.1
-		done
-		kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null
-		wait "$pid" 2>/dev/null
-	done
-	PIDS=()
+	stop_started
 	if [[ -n $WORK && -d $WORK ]]; then
 		if ((FAILED)) || [[ ${SOAK_KEEP:-0} == 1 ]]; then
 			say "work directory kept: $WORK"
@@ -110,20 +101,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'FAILED=1; exit 130' INT
 trap 'FAILED=1; exit 143' TERM
-
-forget_pid() {
-	local p keep=()
-	for p in "${PIDS[@]}"; do [[ $p == "$1" ]] || keep+=("$p"); done
-	PIDS=("${keep[@]}")
-}
-
-free_port() {
-	$PY -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-need() {
-	command -v "$1" >/dev/null 2>&1 || die "$1 not found (Debian: apt-get install $2)"
-}
 
 rss_kb() {
 	awk '/^VmRSS:/ { print $2; found = 1 } END { if (!found) print 0 }' "/proc/$1/status" 2>/dev/null || echo 0
