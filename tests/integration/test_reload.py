@@ -342,33 +342,57 @@ def test_missing_file_keeps_policy_then_recreated(ops_daemon):
     assert counted(d, "k1") == 200
 
 
-def test_reload_moves_to_another_redis(ops_daemon, tmp_path):
-    """redis.address is part of the reloadable policy: after the reload the
-    counters live in the new Redis."""
+@pytest.fixture
+def other_redis(tmp_path):
+    """A second Redis, for a reload to move the daemon to."""
     from conftest import RedisServer
     other_dir = tmp_path / "other"
     other_dir.mkdir()
-    other = RedisServer(other_dir).start()
+    server = RedisServer(other_dir).start()
+    yield server
+    server.stop()
+
+
+@contextlib.contextmanager
+def serving_through_slow_proxy(d, text, delay, connect_within):
+    """Moves d, whose policy is `text`, to a proxy of its own Redis that
+    holds every reply `delay` seconds, and waits until that link serves
+    (its first script call answered, half a second after the reply's
+    delay); the proxy closes after the block."""
+    from proxies import SlowReplies
+    proxy = SlowReplies(d.redis_port, delay)
     try:
-        d = ops_daemon(policy(route("api", "/api/", fw(3))))
-        assert use_up(d, "k1", 4) == [200, 200, 200, 429]
-        text = policy(route("api", "/api/", fw(3))).replace("{redis_port}", str(other.port))
-        d.write_policy(text)
-        assert wait_until(lambda: get_policy(d)["redis"]["address"] ==
-                          "127.0.0.1:%d" % other.port, timeout=RELOAD_S)
-        assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=1).status_code == 200,
-                          timeout=3)
-        r = check(d, "/check/api/x", headers={"X-Key": "k1"})
-        assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "2"
-        assert len(other.client().keys("*")) >= 1
-        # The log says where each worker went, and that it is connected.
-        log = d.log()
-        assert "worker 0: redis 127.0.0.1:%d: the policy moves this worker to " \
-            "redis 127.0.0.1:%d; this link serves until that one is up" \
-            % (d.redis_port, other.port) in log, log
-        assert "worker 0: redis 127.0.0.1:%d: connected" % other.port in log, log
+        d.write_policy(text.replace("{redis_port}", str(proxy.port)))
+        d.signal(signal.SIGHUP)
+        assert wait_until(lambda: "127.0.0.1:%d: connected" % proxy.port in d.log(),
+                          timeout=connect_within)
+        time.sleep(delay + 0.5)
+        yield proxy
     finally:
-        other.stop()
+        proxy.close()
+
+
+def test_reload_moves_to_another_redis(ops_daemon, other_redis):
+    """redis.address is part of the reloadable policy: after the reload the
+    counters live in the new Redis."""
+    other = other_redis
+    d = ops_daemon(policy(route("api", "/api/", fw(3))))
+    assert use_up(d, "k1", 4) == [200, 200, 200, 429]
+    text = policy(route("api", "/api/", fw(3))).replace("{redis_port}", str(other.port))
+    d.write_policy(text)
+    assert wait_until(lambda: get_policy(d)["redis"]["address"] ==
+                      "127.0.0.1:%d" % other.port, timeout=RELOAD_S)
+    assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=1).status_code == 200,
+                      timeout=3)
+    r = check(d, "/check/api/x", headers={"X-Key": "k1"})
+    assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "2"
+    assert len(other.client().keys("*")) >= 1
+    # The log says where each worker went, and that it is connected.
+    log = d.log()
+    assert "worker 0: redis 127.0.0.1:%d: the policy moves this worker to " \
+        "redis 127.0.0.1:%d; this link serves until that one is up" \
+        % (d.redis_port, other.port) in log, log
+    assert "worker 0: redis 127.0.0.1:%d: connected" % other.port in log, log
 
 
 class Checker:
@@ -400,43 +424,37 @@ class Checker:
             t.join()
 
 
-def test_a_move_to_another_redis_fails_no_check(ops_daemon, tmp_path):
+def test_a_move_to_another_redis_fails_no_check(ops_daemon, other_redis):
     """Make before break: the link that serves goes on serving until the
     new one answers, so a route that fails closed answers no 503 while a
     reload moves it, back and forth, under load. Reconnecting in place
     failed every check of the handshake (49 of 6,400 in 10 moves)."""
-    from conftest import RedisServer
-    other_dir = tmp_path / "other"
-    other_dir.mkdir()
-    other = RedisServer(other_dir).start()
-    try:
-        text = policy(route("api", "/api/", fw(10 ** 9)), top="failure_mode: closed\n")
-        d = ops_daemon(text)
-        ports = [d.redis_port, other.port]
-        with Checker(d) as flow:
-            for i in range(6):
-                port = ports[(i + 1) % 2]
-                d.write_policy(text.replace("{redis_port}", str(port)))
-                d.signal(signal.SIGHUP)
-                assert wait_until(lambda: get_policy(d)["redis"]["address"] ==
-                                  "127.0.0.1:%d" % port, timeout=RELOAD_S)
-                # the move is made once a check lands in the Redis it names
-                client = redis.Redis(port=port)
-                key = "rl:{api:move%d}:q:fixed_window" % i
-                assert wait_until(lambda: counted(d, "move%d" % i) == 200 and
-                                  client.exists(key), timeout=3)
-                time.sleep(0.2)
-        assert set(flow.counts) == {200}, flow.counts
-        assert flow.counts[200] > 100, flow.counts
-        # every move reached the Redis it named
-        log = d.log()
-        assert log.count("the policy moves this worker") == 6, log
-        assert log.count("worker 0: redis 127.0.0.1:%d: connected" % other.port) == 3, log
-    finally:
-        other.stop()
+    other = other_redis
+    text = policy(route("api", "/api/", fw(10 ** 9)), top="failure_mode: closed\n")
+    d = ops_daemon(text)
+    ports = [d.redis_port, other.port]
+    with Checker(d) as flow:
+        for i in range(6):
+            port = ports[(i + 1) % 2]
+            d.write_policy(text.replace("{redis_port}", str(port)))
+            d.signal(signal.SIGHUP)
+            assert wait_until(lambda: get_policy(d)["redis"]["address"] ==
+                              "127.0.0.1:%d" % port, timeout=RELOAD_S)
+            # the move is made once a check lands in the Redis it names
+            client = redis.Redis(port=port)
+            key = "rl:{api:move%d}:q:fixed_window" % i
+            assert wait_until(lambda: counted(d, "move%d" % i) == 200 and
+                              client.exists(key), timeout=3)
+            time.sleep(0.2)
+    assert set(flow.counts) == {200}, flow.counts
+    assert flow.counts[200] > 100, flow.counts
+    # every move reached the Redis it named
+    log = d.log()
+    assert log.count("the policy moves this worker") == 6, log
+    assert log.count("worker 0: redis 127.0.0.1:%d: connected" % other.port) == 3, log
 
 
-def test_a_denial_from_the_old_redis_is_not_kept_for_the_new_one(ops_daemon, tmp_path):
+def test_a_denial_from_the_old_redis_is_not_kept_for_the_new_one(ops_daemon, other_redis):
     """While a new link warms, the old one serves the checks of the new
     policy; one denied there, whose reply comes after the new link took
     over, is answered as denied, but its denial is not cached as the new
@@ -444,21 +462,11 @@ def test_a_denial_from_the_old_redis_is_not_kept_for_the_new_one(ops_daemon, tmp
     old Redis answers a second late (a proxy), the new one holds its first
     call for half a second (CLIENT PAUSE), so the check is sent before the
     new link serves and answered after."""
-    from conftest import RedisServer
-    from proxies import SlowReplies
-    other_dir = tmp_path / "other"
-    other_dir.mkdir()
-    other = RedisServer(other_dir).start()
-    proxy = None
-    try:
-        text = policy(route("api", "/api/", fw(1)), timeout="3s",
-                      redis="  connect_timeout: 5s\n")
-        d = ops_daemon(text)
-        proxy = SlowReplies(d.redis_port, 1.0)
-        d.write_policy(text.replace("{redis_port}", str(proxy.port)))
-        d.signal(signal.SIGHUP)
-        assert wait_until(lambda: "127.0.0.1:%d: connected" % proxy.port in d.log(), timeout=5)
-        time.sleep(1.5)                               # its first call answered: it serves
+    other = other_redis
+    text = policy(route("api", "/api/", fw(1)), timeout="3s",
+                  redis="  connect_timeout: 5s\n")
+    d = ops_daemon(text)
+    with serving_through_slow_proxy(d, text, 1.0, connect_within=5):
         assert counted(d, "k") == 200                 # the client's one request, there
         other.client().execute_command("CLIENT", "PAUSE", "500", "WRITE")
         d.write_policy(text.replace("{redis_port}", str(other.port)))
@@ -471,34 +479,20 @@ def test_a_denial_from_the_old_redis_is_not_kept_for_the_new_one(ops_daemon, tmp
         assert "127.0.0.1:%d: connected" % other.port in d.log()
         assert counted(d, "k") == 200                 # the new Redis's first
         assert counted(d, "k") == 429
-    finally:
-        other.stop()
-        if proxy is not None:
-            proxy.close()
 
 
-def test_two_moves_within_a_timeout_leave_the_first_link_answering(ops_daemon, tmp_path):
+def test_two_moves_within_a_timeout_leave_the_first_link_answering(ops_daemon, other_redis):
     """A check sent on a link that two reloads then move away from, both
     within redis.timeout, is answered by that link, not failed: each link
     moved away from answers what it was sent. It had been freed at the
     second move, and the check answered by the failure mode (a 503 on a
     route that fails closed). The first link answers two seconds late (a
     proxy), the other two at once."""
-    from conftest import RedisServer
-    from proxies import SlowReplies
-    other_dir = tmp_path / "other"
-    other_dir.mkdir()
-    other = RedisServer(other_dir).start()
-    proxy = None
-    try:
-        text = policy(route("api", "/api/", fw(10 ** 9)), top="failure_mode: closed\n",
-                      timeout="5s", redis="  connect_timeout: 10s\n")
-        d = ops_daemon(text)
-        proxy = SlowReplies(d.redis_port, 2.0)
-        d.write_policy(text.replace("{redis_port}", str(proxy.port)))
-        d.signal(signal.SIGHUP)
-        assert wait_until(lambda: "127.0.0.1:%d: connected" % proxy.port in d.log(), timeout=10)
-        time.sleep(2.5)                               # its first call answered: it serves
+    other = other_redis
+    text = policy(route("api", "/api/", fw(10 ** 9)), top="failure_mode: closed\n",
+                  timeout="5s", redis="  connect_timeout: 10s\n")
+    d = ops_daemon(text)
+    with serving_through_slow_proxy(d, text, 2.0, connect_within=10):
         slow = {}
         sent = threading.Thread(target=lambda: slow.update(status=counted(d, "slow")))
         t0 = time.monotonic()
@@ -517,10 +511,6 @@ def test_two_moves_within_a_timeout_leave_the_first_link_answering(ops_daemon, t
         sent.join(timeout=6)
         assert slow.get("status") == 200, (slow, d.log())
         assert 1.8 <= time.monotonic() - t0 < 5
-    finally:
-        other.stop()
-        if proxy is not None:
-            proxy.close()
 
 
 def test_a_move_to_a_redis_that_never_answers_follows_the_failure_mode(ops_daemon):
