@@ -604,6 +604,25 @@ stopped_on_tab(const struct source *src, const struct yaml_failure *parser)
 }
 
 /*
+ * "workers:2": a key glued to its value, which YAML reads as one word.
+ * Advice naming the fix into buf, or NULL when word does not start so.
+ */
+static const char *
+glued_key_advice(const char *word, char *buf, size_t size)
+{
+	const char *colon = word;
+
+	while (isalnum((unsigned char)*colon) || *colon == '_' || *colon == '-')
+		colon++;
+	if (colon == word || *colon != ':' || colon[1] == '\0' || colon[1] == ' ' ||
+	    colon[1] == ':' || colon[1] == '#')
+		return NULL;
+	snprintf(buf, size, "a key needs a space after its colon: \"%.*s: %.24s\"",
+	    (int)(colon - word > 32 ? 32 : colon - word), word, colon + 1);
+	return buf;
+}
+
+/*
  * "failure_mode:closed" is one plain word to YAML, and the colon of the
  * next key ("routes:") is then where it fails, "mapping values are not
  * allowed". The nearest line from there up whose first word is a key
@@ -613,23 +632,16 @@ static const char *
 key_glued_above(const struct source *src, size_t line, char *buf, size_t size)
 {
 	for (size_t back = 0; back <= line && back < 3; back++) {
-		char *text = source_line(src, line - back);
-		const char *p, *key, *colon;
+		char *text = source_line(src, line - back), advice[128];
+		const char *p;
 
 		if (text == NULL)
 			return NULL;
 		p = text + strspn(text, " ");
 		if (*p == '-')
 			p += 1 + strspn(p + 1, " ");
-		key = p;
-		while (isalnum((unsigned char)*p) || *p == '_' || *p == '-')
-			p++;
-		colon = p;
-		if (colon > key && *colon == ':' && colon[1] != '\0' &&
-		    colon[1] != ' ' && colon[1] != ':' && colon[1] != '#') {
-			snprintf(buf, size, " (line %zu: a key needs a space after "
-			    "its colon: \"%.*s: %.24s\")", line - back + 1,
-			    (int)(colon - key > 32 ? 32 : colon - key), key, colon + 1);
+		if (glued_key_advice(p, advice, sizeof(advice)) != NULL) {
+			snprintf(buf, size, " (line %zu: %s)", line - back + 1, advice);
 			free(text);
 			return buf;
 		}
@@ -645,7 +657,7 @@ yaml_report_parser_error(struct loader *ld, const struct source *src,
 	const yaml_mark_t *m = parser->problem ? &parser->problem_mark :
 	    &parser->context_mark;
 	const char *hint = "", *what = NULL;
-	char start[128] = "", glued[128];
+	char start[128] = "", glued[192];
 
 	if (parser->error == YAML_READER_ERROR) {
 		/* libyaml gives a byte offset only, and no mark */
@@ -951,14 +963,18 @@ unit_spelled_out(const char *unit)
 	return NULL;
 }
 
-/* Is unit one of the units in another case ("M", "Ms")? */
-static int
-unit_in_capitals(const char *unit)
+/* Why unit is not one: in capitals ("M"), spelled out ("min"), or else
+ * `unknown`. */
+static const char *
+bad_unit_cause(const char *unit, const char *unknown)
 {
+	const char *spelled;
+
 	for (size_t i = 0; i < NUNITS; i++)
 		if (strcasecmp(unit, duration_units[i].unit) == 0)
-			return 1;
-	return 0;
+			return "units are lower case: ms, s, m (minutes), h or d";
+	spelled = unit_spelled_out(unit);
+	return spelled ? spelled : unknown;
 }
 
 /* The cause for "1.5s": callers compare against it to add advice. */
@@ -1008,9 +1024,7 @@ config_parse_duration(const char *s, long long *us, const char **cause)
 	*cause = *p == '\0' ? "duration needs a unit: ms, s, m, h or d" :
 	    *p == ' ' || *p == '\t' ? "no space between a duration's number "
 	    "and its unit: 1s, not 1 s" :
-	    unit_in_capitals(p) ? "units are lower case: ms, s, m (minutes), h "
-	    "or d" : unit_spelled_out(p) ? unit_spelled_out(p) :
-	    "unknown duration unit (use ms, s, m, h or d)";
+	    bad_unit_cause(p, "unknown duration unit (use ms, s, m, h or d)");
 	return -1;
 }
 
@@ -1050,10 +1064,8 @@ config_parse_rate(const char *s, long long *n, long long *period_us,
 	}
 	snprintf(unit, sizeof(unit), "1%s", slash);
 	if (config_parse_duration(unit, period_us, cause) == -1) {
-		*cause = unit_in_capitals(slash) ? "units are lower case: ms, s, "
-		    "m (minutes), h or d" : *slash == ' ' ? "no space after a "
-		    "rate's \"/\": \"10/s\"" : unit_spelled_out(slash) ?
-		    unit_spelled_out(slash) : "unknown rate unit (use ms, s, m, h or d)";
+		*cause = *slash == ' ' ? "no space after a rate's \"/\": \"10/s\"" :
+		    bad_unit_cause(slash, "unknown rate unit (use ms, s, m, h or d)");
 		return -1;
 	}
 	return 0;
@@ -1182,27 +1194,6 @@ all_digits(const char *s)
 	return 1;
 }
 
-/*
- * A scalar written as a key and its value with no space after the colon
- * ("workers:2"), which YAML reads as one word: advice into buf, or "".
- */
-static const char *
-colon_without_space(const struct node *nd, char *buf, size_t size)
-{
-	const char *v = nd->type == NODE_SCALAR && nd->plain ? nd->value : NULL;
-	const char *colon = v ? strchr(v, ':') : NULL;
-
-	if (colon == NULL || colon == v || colon[1] == '\0' || colon[1] == ' ' ||
-	    colon[1] == ':')
-		return "";
-	for (const char *p = v; p < colon; p++)
-		if (!isalnum((unsigned char)*p) && *p != '_' && *p != '-')
-			return "";
-	snprintf(buf, size, " (a key needs a space after its colon: \"%.*s: %.24s\")",
-	    (int)(colon - v > 32 ? 32 : colon - v), v, colon + 1);
-	return buf;
-}
-
 /* --- mapping walker ---------------------------------------------------- */
 
 /* One key of a mapping section: its name and its handler. */
@@ -1219,10 +1210,13 @@ walk_mapping(struct loader *ld, const struct node *map, const char *where,
 {
 	*seen = 0;
 	if (map->type != NODE_MAPPING) {
-		char fix[96];
+		char advice[128];
+		const char *glued = map->type == NODE_SCALAR && map->plain ?
+		    glued_key_advice(map->value, advice, sizeof(advice)) : NULL;
 
-		node_error(ld, map, "%s: expected a mapping, got %s%s", where,
-		    node_type_name(map), colon_without_space(map, fix, sizeof(fix)));
+		node_error(ld, map, "%s: expected a mapping, got %s%s%s%s", where,
+		    node_type_name(map), glued ? " (" : "", glued ? glued : "",
+		    glued ? ")" : "");
 		return;
 	}
 	for (size_t i = 0; i + 1 < map->nitems; i += 2) {
@@ -1887,13 +1881,15 @@ limit_set_free(struct limit_set *set)
 static int
 parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 {
-	/* Per item of the list, its name and where it is (the name node, or
-	 * the mapping when unnamed), so that a name used twice is reported
-	 * along with whatever else is wrong with either limit. */
-	const char **name_at;
-	const struct node **where_at;
-	char **refused_name;		/* the names of refused limits */
-	size_t *item_of;		/* per accepted limit, its item */
+	/* Per item of the list, accepted or refused, its name and where it
+	 * is (the name node, or the mapping when unnamed), so that a name
+	 * used twice is reported along with whatever else is wrong with
+	 * either limit. A refused limit's name is owned here. */
+	struct {
+		const char		*name;
+		const struct node	*at;
+		char			*refused;
+	} *named;
 	int bad = 0;
 
 	if (nd->type != NODE_SEQUENCE) {
@@ -1911,14 +1907,13 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 		return -1;
 	}
 	set->limits = xcalloc(nd->nitems, sizeof(*set->limits));
-	name_at = xcalloc(nd->nitems, sizeof(*name_at));
-	where_at = xcalloc(nd->nitems, sizeof(*where_at));
-	refused_name = xcalloc(nd->nitems, sizeof(*refused_name));
-	item_of = xcalloc(nd->nitems, sizeof(*item_of));
+	named = xcalloc(nd->nitems, sizeof(*named));
 	for (size_t i = 0; i < nd->nitems; i++) {
 		struct limit_draft d;
+		struct limit *l;
 		unsigned long seen;
 		size_t nerr = ld->errors->n;
+		int seq = 1;
 
 		memset(&d, 0, sizeof(d));
 		d.node = nd->items[i];
@@ -1936,53 +1931,43 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 		if (!d.has_algorithm || limit_finish(ld, &d) == -1 ||
 		    ld->errors->n != nerr) {
 			if (d.l.name && d.name_nd) {
-				refused_name[i] = d.l.name;
-				name_at[i] = d.l.name;
-				where_at[i] = d.name_nd;
+				named[i].name = named[i].refused = d.l.name;
+				named[i].at = d.name_nd;
 			} else
 				free(d.l.name);
 			bad = 1;
 			continue;
 		}
-		where_at[i] = d.name_nd ? d.name_nd : d.node;
-		item_of[set->nlimits] = i;
-		set->limits[set->nlimits++] = d.l;
-		if (d.l.quota > set->max_quota)
-			set->max_quota = d.l.quota;
-	}
-	/* Unnamed limits: the algorithm, then -2, -3... on repeats. */
-	for (size_t i = 0; i < set->nlimits; i++) {
-		struct limit *l = &set->limits[i];
-		int seq = 1;
-
-		if (l->name)
-			continue;
-		for (size_t j = 0; j < i; j++)
+		l = &set->limits[set->nlimits];
+		*l = d.l;
+		/* Unnamed: the algorithm, then -2, -3... on repeats. */
+		for (size_t j = 0; l->name == NULL && j < set->nlimits; j++)
 			if (set->limits[j].algorithm == l->algorithm)
 				seq++;
-		l->name = seq == 1 ? xstrdup(algorithm_names[l->algorithm]) :
-		    xasprintf("%s-%d", algorithm_names[l->algorithm], seq);
+		if (l->name == NULL)
+			l->name = seq == 1 ? xstrdup(algorithm_names[l->algorithm]) :
+			    xasprintf("%s-%d", algorithm_names[l->algorithm], seq);
+		named[i].name = l->name;
+		named[i].at = d.name_nd ? d.name_nd : d.node;
+		set->nlimits++;
+		if (l->quota > set->max_quota)
+			set->max_quota = l->quota;
 	}
-	for (size_t k = 0; k < set->nlimits; k++)
-		name_at[item_of[k]] = set->limits[k].name;
 	/* Reported at the later of the two, as duplicate route names are. */
 	for (size_t i = 0; i < nd->nitems; i++)
-		for (size_t j = 0; name_at[i] && j < i; j++)
-			if (name_at[j] && strcmp(name_at[i], name_at[j]) == 0) {
-				node_error(ld, where_at[i], "limits: two limits are named "
-				    "\"%s\" (%sthe first at %d:%d)", name_at[i],
-				    where_at[i]->type == NODE_MAPPING ? "this one by "
-				    "default, after its algorithm; " : "", where_at[j]->line,
-				    where_at[j]->col);
+		for (size_t j = 0; named[i].name && j < i; j++)
+			if (named[j].name && strcmp(named[i].name, named[j].name) == 0) {
+				node_error(ld, named[i].at, "limits: two limits are named "
+				    "\"%s\" (%sthe first at %d:%d)", named[i].name,
+				    named[i].at->type == NODE_MAPPING ? "this one by "
+				    "default, after its algorithm; " : "", named[j].at->line,
+				    named[j].at->col);
 				bad = 1;
 				break;
 			}
 	for (size_t i = 0; i < nd->nitems; i++)
-		free(refused_name[i]);
-	free(refused_name);
-	free(name_at);
-	free(where_at);
-	free(item_of);
+		free(named[i].refused);
+	free(named);
 	return bad ? -1 : 0;
 }
 
