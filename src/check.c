@@ -948,16 +948,17 @@ check_json(struct worker *w, struct http_request *req)
 			    "be empty" : "field \"key\" is required with \"route\" "
 			    "(or describe the client: \"ip\", \"headers\", \"path\")");
 			goto out;
-		} else if (policy_route_keys_by_ip_alone(route) &&
-		    policy_canonical_ip(key, strlen(key), ip, sizeof(ip)) == 0) {
-			/* A route keyed by IP alone: an address is that
-			 * client, however spelled, with its bucket and its
-			 * overrides, as /check sees it. */
-			key = ip;
-			kind = POLICY_KEY_IP;
+		} else {
+			if (policy_route_keys_by_ip_alone(route) &&
+			    policy_canonical_ip(key, strlen(key), ip, sizeof(ip)) == 0) {
+				/* A route keyed by IP alone: an address is
+				 * that client, however spelled, with its
+				 * bucket and its overrides, as /check sees it. */
+				key = ip;
+				kind = POLICY_KEY_IP;
+			}
 			keylen = strlen(key);
-		} else
-			keylen = strlen(key);
+		}
 	} else if (key) {
 		/* Else the client would be resolved from the described
 		 * request, not the key the caller believes it named. */
