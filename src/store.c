@@ -1049,7 +1049,6 @@ store_free(struct store *st)
 	set_state(st, STORE_DOWN);
 	/* Sent batches have had their callbacks; nothing may be queued. */
 	batch_free_all(st);
-	replypool_thread_free();	/* idle replies go; a pool refills */
 	limiter_command_free(&st->st_cmd);
 	event_free(st->st_flush_ev);
 	event_free(st->st_retry_ev);

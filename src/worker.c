@@ -17,6 +17,7 @@
 #include "server.h"
 #include "log.h"
 #include "metrics.h"
+#include "replypool.h"
 #include "store.h"
 #include "worker.h"
 #include "xmalloc.h"
@@ -296,6 +297,10 @@ worker_main(void *arg)
 	while (w->w_nretired > 0)
 		store_free(w->w_retired[--w->w_nretired]);
 	free(w->w_retired);
+	/* The thread's last link is gone, and with it the last use of its
+	 * idle reply objects. (Freed with each store, they went from under
+	 * the store still serving whenever a reload replaced another.) */
+	replypool_thread_free();
 	server_free(w->w_server);
 	check_pool_free(w);
 	event_free(w->w_config_ev);
