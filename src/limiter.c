@@ -264,7 +264,7 @@ limiter_parse(const struct limit_set *set, const long long *ints, size_t n,
 		return -1;
 	memset(v, 0, sizeof(*v));
 	v->allowed = ints[0] == 1;
-	v->now_ms = ints[1];
+	v->now_ms = time_ms(ints[1]);	/* the deny cache ages it */
 	v->n = set->nlimits;
 	for (size_t i = 0; i < set->nlimits; i++) {
 		const long long *p = ints + 2 + 5 * i;

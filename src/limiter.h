@@ -58,7 +58,7 @@ struct limit_result {
 
 struct verdict {
 	int			allowed;
-	long long		now_ms;		/* Redis time of the decision */
+	long long		now_ms;		/* Redis time of the decision, capped */
 	size_t			n;
 	struct limit_result	r[CONFIG_LIMITS_MAX];
 	size_t			headline;	/* closest to exhaustion */

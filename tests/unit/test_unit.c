@@ -700,14 +700,17 @@ test_verdict_and_headers(void)
 
 	/* A policy can name times no client waits for (found by fuzzing:
 	 * denycache_put and the shaping timer multiplied them into
-	 * microseconds past a long long); they are capped as read. */
+	 * microseconds past a long long); they are capped as read. So is the
+	 * reply's time, which denycache_get ages (found by fuzzing: a time
+	 * of LLONG_MAX - 1490 overflowed there). */
 	{
-		long long huge[] = { 0, 5000, 0, 0, LLONG_MAX, LLONG_MAX - 5, LLONG_MAX,
-		    1, 977, 1800000, 0, 0 };
+		long long huge[] = { 0, LLONG_MAX - 1490, 0, 0, LLONG_MAX, LLONG_MAX - 5,
+		    LLONG_MAX, 1, 977, 1800000, 0, 0 };
 
 		CHECK(limiter_parse(&set, huge, 12, &v) == 0);
 		CHECK(v.r[0].reset_ms == LIMITER_MS_MAX && v.r[0].retry_ms == LIMITER_MS_MAX &&
 		    v.r[0].delay_ms == LIMITER_MS_MAX && v.retry_ms == LIMITER_MS_MAX);
+		CHECK(v.now_ms == LIMITER_MS_MAX);
 	}
 
 	/* The IETF fields of the longest route, whole (found by fuzzing: cut
