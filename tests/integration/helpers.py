@@ -281,6 +281,13 @@ def session():
     return s
 
 
+def concurrently(one, jobs, workers=50):
+    """one(job) for every job, from `workers` threads; the results in the
+    order of the jobs."""
+    with ThreadPoolExecutor(workers) as ex:
+        return list(ex.map(one, jobs))
+
+
 def hammer(urls_and_headers, workers=50):
     """GET each (url, headers) from `workers` threads, one Session per
     thread; returns [(status, X-RateLimit-Remaining)] in order."""
@@ -288,8 +295,7 @@ def hammer(urls_and_headers, workers=50):
         url, headers = arg
         r = session().get(url, headers=headers, timeout=10)
         return r.status_code, r.headers.get("X-RateLimit-Remaining")
-    with ThreadPoolExecutor(workers) as ex:
-        return list(ex.map(one, urls_and_headers))
+    return concurrently(one, urls_and_headers, workers)
 
 
 def shared_daemon(tmp_path_factory, policy_text):

@@ -38,13 +38,11 @@ deadline is 2 s, as in test_concurrency.py: a fail-open reply under a burst
 from 2 cores would (rightly) allow extra, and is asserted absent.
 """
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
-from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
-from helpers import check, hammer, policy, session, vcheck
+from helpers import check, concurrently, hammer, policy, session, vcheck
 
 QUOTA = 50
 COST = 3
@@ -81,8 +79,7 @@ def vhammer(urls_and_bodies, workers=50):
         r = session().post(url, data=json.dumps(body), timeout=10,
                            headers={"Content-Type": "application/json"})
         return r.status_code, r.headers.get("X-RateLimit-Remaining"), r.json()
-    with ThreadPoolExecutor(workers) as ex:
-        return list(ex.map(one, urls_and_bodies))
+    return concurrently(one, urls_and_bodies, workers)
 
 
 @pytest.fixture
