@@ -764,23 +764,18 @@ struct described {
 };
 
 /*
- * The described request as /check would read it, into in (its path and
- * client IP written to path and ip): 0, or -1 with the error sent.
+ * The described request as /check would read it, into in (its path
+ * written to path; ip holds d->ip, canonical, or is where the peer's
+ * address is written when the body names none).
  */
-static int
+static void
 json_describe(const struct config *c, struct http_request *req,
     const struct described *d, char *ip, size_t iplen, char *path,
     size_t pathlen, struct check_input *in)
 {
 	const char *uri = d->uri;
 
-	if (d->ip) {
-		if (policy_canonical_ip(d->ip, strlen(d->ip), ip, iplen) == -1) {
-			http_reply_json_error(req, 400, "field \"ip\" is not an "
-			    "IP address");
-			return -1;
-		}
-	} else
+	if (d->ip == NULL)
 		request_client_ip(c, req, ip, iplen);
 	if (uri == NULL || *uri == '\0')
 		uri = first_present(json_header_lookup, d->headers,
@@ -799,7 +794,6 @@ json_describe(const struct config *c, struct http_request *req,
 	in->ip = ip;
 	in->header = json_header_lookup;
 	in->header_ctx = d->headers;
-	return 0;
 }
 
 void
@@ -879,6 +873,16 @@ check_json(struct worker *w, struct http_request *req)
 	    json_opt_string(req, body, "host", &desc.host) == -1 ||
 	    json_opt_string(req, body, "ip", &desc.ip) == -1)
 		goto out;
+	/* One rule whichever form the body takes: where the route and key
+	 * are named, or the route keys by none, the address goes unused, but
+	 * a caller who sent a bad one hears of it. */
+	if (desc.ip && policy_canonical_ip(desc.ip, strlen(desc.ip), ip,
+	    sizeof(ip)) == -1) {
+		http_reply_json_error(req, 400, "field \"ip\" is not an IP address");
+		goto out;
+	}
+	if (desc.ip)
+		desc.ip = ip;	/* canonical, where json_describe looks for it */
 	/* What /check can carry in its 16 KiB head (nginx refuses a request
 	 * line over 8 KiB): each regex route scans the whole path, so a longer
 	 * one only buys a client more of the worker's time. */
@@ -937,9 +941,8 @@ check_json(struct worker *w, struct http_request *req)
 		} else if (key == NULL && (desc.ip || desc.headers || desc.uri)) {
 			/* The route named, the client described: its key is
 			 * the one /check would resolve for that route. */
-			if (json_describe(c, req, &desc, ip, sizeof(ip), path,
-			    sizeof(path), &in) == -1)
-				goto out;
+			json_describe(c, req, &desc, ip, sizeof(ip), path,
+			    sizeof(path), &in);
 			if ((kind = policy_client_key(route, &in, qkey,
 			    sizeof(qkey), &key, &keylen)) == POLICY_KEY_NONE)
 				key = NULL;
@@ -966,9 +969,8 @@ check_json(struct worker *w, struct http_request *req)
 		    "(or describe the request without it)");
 		goto out;
 	} else {
-		if (json_describe(c, req, &desc, ip, sizeof(ip), path,
-		    sizeof(path), &in) == -1)
-			goto out;
+		json_describe(c, req, &desc, ip, sizeof(ip), path,
+		    sizeof(path), &in);
 		route = policy_match(c, &in);
 		if (route && (kind = policy_client_key(route, &in, qkey,
 		    sizeof(qkey), &key, &keylen)) == POLICY_KEY_NONE)

@@ -2282,6 +2282,8 @@ match_host_ok(const char *host)
 	unsigned char addr[16];
 	long port = 0;
 
+	if (host[strcspn(host, ", \t")] != '\0')
+		return 0;	/* a request's list would match its first host */
 	policy_host_split(host, &h);
 	if (host[0] == '[' || memchr(h.name, ':', h.namelen) != NULL) {
 		if (h.namelen == 0 || h.namelen >= sizeof(v6))
@@ -2806,9 +2808,13 @@ route_covers(const struct route *a, const struct route *b)
 		if (b->nmethods == 0)
 			return 0;
 		for (size_t i = 0; i < b->nmethods; i++) {
+			/* a's GET takes HEAD with it, as policy_match does;
+			 * b's GET does too, and a's GET covers that. */
+			int head = strcmp(b->methods[i], "HEAD") == 0;
 			size_t j = 0;
 
-			while (j < a->nmethods && strcmp(a->methods[j], b->methods[i]) != 0)
+			while (j < a->nmethods && strcmp(a->methods[j], b->methods[i]) != 0 &&
+			    !(head && strcmp(a->methods[j], "GET") == 0))
 				j++;
 			if (j == a->nmethods)
 				return 0;

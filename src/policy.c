@@ -101,31 +101,40 @@ policy_normalize_uri(const char *uri, char *buf, size_t size, const char **query
 void
 policy_host_split(const char *s, struct host_parts *out)
 {
-	size_t len = strlen(s);
-	const char *colon;
+	const char *end, *colon;
 
+	/* A proxy that appends to X-Forwarded-Host joins the hosts with
+	 * commas, the client's first (RFC 7239's order): the same field on
+	 * separate lines already counts by its first, and so does a list.
+	 * No host has a comma or a space in it. */
+	while (*s == ' ' || *s == '\t')
+		s++;
+	end = s + strcspn(s, ",");
+	while (end > s && (end[-1] == ' ' || end[-1] == '\t'))
+		end--;
 	out->port = NULL;
 	out->portlen = 0;
 	if (s[0] == '[') {
-		const char *close = strchr(s, ']');
+		const char *close = memchr(s, ']', (size_t)(end - s));
 
 		if (close) {
 			out->name = s + 1;
 			out->namelen = (size_t)(close - s - 1);
-			if (close[1] == ':') {
+			if (close + 1 < end && close[1] == ':') {
 				out->port = close + 2;
-				out->portlen = strlen(close + 2);
+				out->portlen = (size_t)(end - out->port);
 			}
 			return;
 		}
 	}
 	out->name = s;
-	out->namelen = len;
+	out->namelen = (size_t)(end - s);
 	/* One colon parts a port; more are a bare IPv6 address. */
-	if ((colon = strchr(s, ':')) != NULL && strchr(colon + 1, ':') == NULL) {
+	if ((colon = memchr(s, ':', out->namelen)) != NULL &&
+	    memchr(colon + 1, ':', (size_t)(end - colon - 1)) == NULL) {
 		out->namelen = (size_t)(colon - s);
 		out->port = colon + 1;
-		out->portlen = len - out->namelen - 1;
+		out->portlen = (size_t)(end - out->port);
 	}
 	if (out->namelen > 0 && s[out->namelen - 1] == '.')
 		out->namelen--;	/* a fully qualified name with its root dot */
@@ -168,10 +177,16 @@ policy_match(const struct config *config, const struct check_input *in)
 			break;
 		}
 		if (r->nmethods) {
+			/* HEAD is GET without the body (RFC 9110 9.3.2), served
+			 * by the same handler: a GET limit that a HEAD stepped
+			 * around would limit nothing. nginx's limit_except GET
+			 * takes HEAD with it too. */
+			int head = strcasecmp(in->method, "HEAD") == 0;
 			size_t j;
 
 			for (j = 0; j < r->nmethods; j++)
-				if (strcasecmp(r->methods[j], in->method) == 0)
+				if (strcasecmp(r->methods[j], in->method) == 0 ||
+				    (head && strcmp(r->methods[j], "GET") == 0))
 					break;
 			if (j == r->nmethods)
 				continue;
@@ -437,6 +452,20 @@ policy_limits(const struct route *route, const char *key, size_t keylen,
 	return &route->limits;
 }
 
+/* The ":port" a proxy may write after an address: one to five digits. */
+static int
+port_suffix_ok(const char *p, size_t len)
+{
+	if (len == 0)
+		return 1;
+	if (p[0] != ':' || len < 2 || len > 6)
+		return 0;
+	for (size_t i = 1; i < len; i++)
+		if (p[i] < '0' || p[i] > '9')
+			return 0;
+	return 1;
+}
+
 /* Parses an IP literal (optionally [v6] or with a v4 :port) into family and
  * bytes. */
 static int
@@ -455,7 +484,7 @@ parse_ip(const char *s, size_t len, int *family, unsigned char addr[16])
 	if (s[0] == '[') {
 		const char *close = memchr(s, ']', len);
 
-		if (close == NULL)
+		if (close == NULL || !port_suffix_ok(close + 1, len - (size_t)(close + 1 - s)))
 			return -1;
 		len = (size_t)(close - s - 1);
 		s++;
@@ -475,8 +504,11 @@ parse_ip(const char *s, size_t len, int *family, unsigned char addr[16])
 	}
 	/* "1.2.3.4:5678" as some proxies write it */
 	char *colon = strchr(buf, ':');
-	if (colon)
+	if (colon) {
+		if (!port_suffix_ok(colon, strlen(colon)))
+			return -1;
 		*colon = '\0';
+	}
 	if (inet_pton(AF_INET, buf, addr) == 1) {
 		*family = AF_INET;
 		return 0;

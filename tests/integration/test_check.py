@@ -7,7 +7,8 @@ import pytest
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
 from helpers import (all_keys, check, has_rl_headers, policy, rkey, shared_daemon, vcheck)
 
-METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"]
+# HEAD before GET: a GET route takes HEAD too (test_a_get_route_takes_head)
+METHODS = ["HEAD", "GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
 
 
 def fw(limit, name="q", window="1h"):
@@ -132,6 +133,34 @@ def test_header_precedence(start_daemon):
     r = check(d, "/check/h/a", "DELETE", {"Host": "api.example.com",
                                           "X-Forwarded-Host": "other.example.com"})
     assert limit_of(r) == 1000
+
+
+def test_forwarded_host_list_counts_by_its_first(start_daemon):
+    """A proxy that appends (Apache's mod_proxy) sends the client's host
+    first in a comma list; the same hosts on separate lines count by the
+    first line already (RFC 9110 5.3: the two are one field)."""
+    d = start_daemon(CONV)
+    for fwd in ("api.example.com, proxy.internal", "api.example.com:443,x",
+                "api.example.com ,"):
+        r = check(d, "/check/h/a", "DELETE", {"Host": "other.example.com",
+                                              "X-Forwarded-Host": fwd})
+        assert limit_of(r) == 4, (fwd, r.headers)
+    r = check(d, "/check/h/a", "DELETE", {"X-Forwarded-Host": "proxy.internal, api.example.com"})
+    assert limit_of(r) == 1000
+
+
+def test_a_get_route_takes_head(start_daemon):
+    """HEAD is GET without the body, served by the same handler: a limit
+    on GET that HEAD stepped around would limit nothing."""
+    d = start_daemon(policy(route("reads", "{prefix: /r/, methods: [GET]}", [fw(2)])
+                            + route("catch", "{prefix: /}", [fw(1000)])))
+    for method, left in (("HEAD", 1), ("GET", 0)):
+        r = check(d, "/check/r/x", "GET", {"X-Original-Method": method})
+        assert limit_of(r) == 2 and remaining_of(r) == left, (method, r.headers)
+    r = check(d, "/check/r/x", "HEAD")
+    assert r.status_code == 429
+    r = check(d, "/check/r/x", "OPTIONS")
+    assert r.status_code == 200 and limit_of(r) == 1000
 
 
 def test_empty_forwarding_header_counts_as_absent(start_daemon):

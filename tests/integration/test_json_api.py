@@ -177,8 +177,13 @@ def test_route_named_needs_one_client(start_daemon):
     v = vcheck(d, {"route": "single", "key": "a", "ip": "10.0.0.1",
                    "headers": {"K": "b"}, "path": "/api/x"}).json()
     assert v["route"] == "single" and v["key"] == "a", v
-    r = vcheck(d, {"route": "byip", "ip": "not-an-ip"})
-    assert r.status_code == 400 and "\"ip\" is not an IP address" in r.json()["error"]
+    # a bad address is refused whether or not the form goes on to use it
+    for body in ({"route": "byip", "ip": "not-an-ip"},
+                 {"route": "single", "key": "a", "ip": "not-an-ip"},
+                 {"path": "/nowhere-routed", "ip": "10.0.0.1:x"}):
+        r = vcheck(d, body)
+        assert r.status_code == 400, (body, r.status_code, r.text)
+        assert "\"ip\" is not an IP address" in r.json()["error"], (body, r.text)
 
 
 def test_describe_form_host_must_match(start_daemon):

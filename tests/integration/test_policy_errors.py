@@ -253,7 +253,7 @@ def _cases():
     # a host is compared whole: these could never match a request
     for i, host in enumerate(("'*.example.com'", "https://api.example.com", "'a b'",
                               "'api.example.com:0'", "'api:'", "'[::1]x'", "'[::1'",
-                              "'api.example.com/v1'")):
+                              "'api.example.com/v1'", "'a.example.com, b.example.com'")):
         add("bad_host_%d" % i, {11: "    match: { prefix: /api/, host: %s }" % host},
             11, host, "host")
     # a back-reference takes time exponential in a client's path (an
@@ -951,6 +951,12 @@ def test_route_that_can_never_match_is_a_warning(tmp_path):
         "  - name: other-host\n"
         "    match: { prefix: /b/, host: a.example.com }\n"
         "    limits: [{ algorithm: fixed_window, limit: 1, window: 1m }]\n"
+        "  - name: get\n"
+        "    match: { prefix: /g/, methods: [get, post] }\n"
+        "    limits: [{ algorithm: fixed_window, limit: 1, window: 1m }]\n"
+        "  - name: head\n"
+        "    match: { path: /g/x, methods: [HEAD] }\n"
+        "    limits: [{ algorithm: fixed_window, limit: 1, window: 1m }]\n"
         "  - name: all\n"
         "    limits: [{ algorithm: fixed_window, limit: 1, window: 1m }]\n"
         "  - name: after-all\n"
@@ -963,7 +969,9 @@ def test_route_that_can_never_match_is_a_warning(tmp_path):
     assert warned == [
         '%s:6:5: warning: route "login" can never match: route "r" (at 2:5) comes first '
         'and matches every request it would' % path,
-        '%s:14:5: warning: route "after-all" can never match: route "all" (at 12:5) comes '
+        '%s:15:5: warning: route "head" can never match: route "get" (at 12:5) comes first '
+        'and matches every request it would' % path,
+        '%s:20:5: warning: route "after-all" can never match: route "all" (at 18:5) comes '
         'first and matches every request it would' % path], warned
 
 

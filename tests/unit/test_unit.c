@@ -432,6 +432,16 @@ test_routes_and_keys(void)
 	CHECK(policy_limits(r, "2001:db8::1", 11, 1)->unlimited);	/* canonical */
 	CHECK(policy_limits(r, "2001:DB8:0::1", 13, 0) == &r->limits);
 
+	/* a proxy's appended X-Forwarded-Host list counts by its first */
+	in.host = " api.example.com:8443 , other.example.com";
+	r = policy_match(c, &in);
+	CHECK(r && strcmp(r->name, "api") == 0);
+	in.host = "[::1]:8443,api.example.com";
+	r = policy_match(c, &in);
+	CHECK(r && strcmp(r->name, "default") == 0);
+	in.host = "other.example.com, api.example.com";
+	r = policy_match(c, &in);
+	CHECK(r && strcmp(r->name, "default") == 0);
 	in.host = "other.example.com";		/* host mismatch: falls to default */
 	r = policy_match(c, &in);
 	CHECK(r && strcmp(r->name, "default") == 0);
@@ -440,6 +450,9 @@ test_routes_and_keys(void)
 	r = policy_match(c, &in);
 	CHECK(r && strcmp(r->name, "login") == 0);
 	in.method = "GET";
+	r = policy_match(c, &in);
+	CHECK(r && strcmp(r->name, "default") == 0);
+	in.method = "HEAD";	/* only a GET route takes HEAD with it */
 	r = policy_match(c, &in);
 	CHECK(r && strcmp(r->name, "default") == 0);
 	in.path = "/v2/things";
@@ -456,6 +469,43 @@ test_routes_and_keys(void)
 	r = policy_match(c, &in);
 	CHECK(r && strcmp(r->name, "api") == 0);
 	CHECK(policy_client_key(r, &in, buf, sizeof(buf), &key, &keylen) == -1);
+	config_unref(c);
+}
+
+/* HEAD is GET without a body: a GET route takes it, and nothing else does. */
+static void
+test_methods(void)
+{
+	struct config_errors e;
+	struct config *c = load("routes:\n"
+	    "  - name: reads\n"
+	    "    match: { prefix: /r/, methods: [get] }\n"
+	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n"
+	    "  - name: heads\n"
+	    "    match: { prefix: /h/, methods: [HEAD] }\n"
+	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n", &e);
+	struct check_input in = { "head", "/r/x", NULL, NULL, "203.0.113.7", NULL, NULL };
+	const struct route *r;
+
+	if (c == NULL) {
+		CHECK(c != NULL);
+		return;
+	}
+	policy_prepare(c);
+	r = policy_match(c, &in);
+	CHECK(r && strcmp(r->name, "reads") == 0);
+	in.method = "GET";
+	CHECK(policy_match(c, &in) == r);
+	in.method = "POST";
+	CHECK(policy_match(c, &in) == NULL);
+	in.method = "HEADX";
+	CHECK(policy_match(c, &in) == NULL);
+	in.path = "/h/x";
+	in.method = "GET";	/* a HEAD route does not take GET */
+	CHECK(policy_match(c, &in) == NULL);
+	in.method = "Head";
+	r = policy_match(c, &in);
+	CHECK(r && strcmp(r->name, "heads") == 0);
 	config_unref(c);
 }
 
@@ -504,6 +554,16 @@ test_client_ip(void)
 	CHECK(policy_canonical_ip("[::1]", 5, ip, sizeof(ip)) == 0);
 	CHECK_STR(ip, "::1");
 	CHECK(policy_canonical_ip("1.2.3", 5, ip, sizeof(ip)) == -1);
+	/* a proxy's ":port" is digits, and nothing else follows an address */
+	CHECK(policy_canonical_ip("1.2.3.4:8080", 12, ip, sizeof(ip)) == 0);
+	CHECK_STR(ip, "1.2.3.4");
+	CHECK(policy_canonical_ip("[2001:db8::1]:443", 17, ip, sizeof(ip)) == 0);
+	CHECK_STR(ip, "2001:db8::1");
+	CHECK(policy_canonical_ip("1.2.3.4:x", 9, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip("1.2.3.4:", 8, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip("1.2.3.4:123456", 14, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip("[::1]x", 6, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip("[::1]:", 6, ip, sizeof(ip)) == -1);
 	config_unref(c);
 }
 
@@ -897,6 +957,7 @@ static const struct {
 	{ "policy: errors with positions", test_config_errors },
 	{ "path normalization", test_normalize },
 	{ "routes and keys", test_routes_and_keys },
+	{ "methods: HEAD with GET", test_methods },
 	{ "client ip", test_client_ip },
 	{ "redis keys and command", test_encode_and_build },
 	{ "verdict and headers", test_verdict_and_headers },
