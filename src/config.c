@@ -35,6 +35,7 @@
 #define DURATION_MAX_US	(366LL * 24 * 3600 * US_PER_S)	/* one year */
 #define QUOTA_MAX	1000000000000LL
 #define REGEX_MAX_LEN	4096
+#define REGEX_COPIES_MAX	1000	/* see regex_refused */
 /* See restore_flow_colons. */
 #define FLOW_COLON		"\xee\x80\x80"
 #define FLOW_COLON_LEN		3
@@ -2097,67 +2098,174 @@ check_match_path(struct loader *ld, const struct node *nd, const char *key,
 }
 
 /*
- * What glibc's regcomp takes but a user cannot mean: a back-reference
- * (\1; not POSIX ERE), whose matching takes time exponential in the
- * path's length, so one client's long path would hold a worker for
- * minutes; and a PCRE escape such as \d, which glibc reads as the letter.
- * The GNU escapes \w \W \s \S \b \B are kept. Inside a bracket
- * expression a backslash is itself. True, with the reason in why, when
- * the pattern is refused.
+ * The end of the bracket expression that opens at p ('['): the ']' that
+ * closes it, or NULL when regcomp will say it is unclosed. Inside one a
+ * backslash is itself, so a PCRE class there (\d) is refused with the
+ * reason in why (*refused set).
+ */
+static const char *
+bracket_end(const char *p, char *why, size_t size, int *refused)
+{
+	const char *q = p + 1;
+
+	q += *q == '^';
+	q += *q == ']';
+	for (; *q && *q != ']'; q++) {
+		if (*q == '[' && (q[1] == ':' || q[1] == '.' || q[1] == '=')) {
+			char close[3] = { q[1], ']', '\0' };
+			const char *end = strstr(q + 2, close);
+
+			if (end == NULL)
+				return NULL;
+			q = end + 1;
+		} else if (*q == '\\' && q[1] != '\0' && strchr("dDwWsS", q[1])) {
+			snprintf(why, size, "inside [...] a backslash is itself, so "
+			    "\\%c there is a backslash or the letter %c: write %s "
+			    "inside the brackets", q[1], q[1],
+			    q[1] == 'd' || q[1] == 'D' ? "[:digit:]" :
+			    q[1] == 'w' || q[1] == 'W' ? "[:alnum:]_" : "[:space:]");
+			*refused = 1;
+			return NULL;
+		}
+	}
+	return *q ? q : NULL;
+}
+
+/* How many copies of the last atom an interval "{m}", "{m,}", "{m,n}" or
+ * "{,n}" at p makes glibc write out (0 for none), with *end past it; -1
+ * when p starts no interval (the brace is a literal, or regcomp's error). */
+static long long
+interval_copies(const char *p, const char **end)
+{
+	long long m = 0, n = -1;
+	const char *q = p + 1;
+
+	if (!isdigit((unsigned char)*q) && *q != ',')
+		return -1;
+	while (isdigit((unsigned char)*q) && m <= 100000)
+		m = m * 10 + (*q++ - '0');
+	if (*q == ',') {
+		q++;
+		if (isdigit((unsigned char)*q)) {
+			n = 0;
+			while (isdigit((unsigned char)*q) && n <= 100000)
+				n = n * 10 + (*q++ - '0');
+		}
+	} else
+		n = m;
+	if (*q != '}')
+		return -1;
+	*end = q;
+	return n >= 0 ? (n > m ? n : m) : m + 1;	/* "{m,}": m, then a star */
+}
+
+/*
+ * What glibc's regcomp takes but a user cannot mean, or what would let a
+ * client's path hold a worker: true, with the reason in why, when the
+ * pattern is refused.
+ * - A back-reference (\1; not POSIX ERE): matching one takes time
+ *   exponential in the path's length.
+ * - A PCRE escape such as \d, which glibc reads as the letter. The GNU
+ *   escapes \w \W \s \S \b \B are kept.
+ * - An interval is written out as that many copies of what it repeats,
+ *   and nested ones multiply: "((a{1,30}){1,30}){1,30}b" is 27,000 copies,
+ *   and an audit saw one 2,000-byte path take 12 s (and "[a-z]{1,12000}"
+ *   take 1.1 GB). Matching time grows faster than the copies do; with
+ *   REGEX_COPIES_MAX more copies than the pattern writes, a 16 KiB path
+ *   takes about 0.1 s.
+ * - A ')' that closes nothing, a literal to glibc but undefined in POSIX,
+ *   and it would close the group set_path wraps the pattern in.
+ * *anchored tells whether every alternative of the pattern starts with
+ * '^' (then glibc tries the path from its start alone).
  */
 static int
-regex_refused(const char *re, char *why, size_t size)
+regex_refused(const char *re, char *why, size_t size, int *anchored)
 {
-	for (const char *p = re; *p; p++) {
+	/* per open group: its copies so far, and those of its last atom */
+	struct { long long total, last; } *frames;
+	size_t depth = 0;
+	long long written = 0;	/* atoms as the pattern writes them */
+	int refused = 0, too_many = 0, top_alternation = 0;
+
+	frames = xcalloc(strlen(re) + 2, sizeof(*frames));
+	for (const char *p = re; *p && !refused; p++) {
+		long long copies;
+		const char *end;
+
 		if (*p == '[') {
-			const char *q = p + 1;
-
-			q += *q == '^';
-			q += *q == ']';
-			for (; *q && *q != ']'; q++) {
-				if (*q == '[' && (q[1] == ':' || q[1] == '.' || q[1] == '=')) {
-					char close[3] = { q[1], ']', '\0' };
-					const char *end = strstr(q + 2, close);
-
-					if (end == NULL)
-						return 0;	/* regcomp says what */
-					q = end + 1;
-				} else if (*q == '\\' && q[1] != '\0' && strchr("dDwWsS", q[1])) {
-					snprintf(why, size, "inside [...] a backslash is "
-					    "itself, so \\%c there is a backslash or the "
-					    "letter %c: write %s inside the brackets", q[1], q[1],
-					    q[1] == 'd' || q[1] == 'D' ? "[:digit:]" :
-					    q[1] == 'w' || q[1] == 'W' ? "[:alnum:]_" : "[:space:]");
-					return 1;
-				}
-			}
-			if (*q == '\0')
-				return 0;
-			p = q;
+			if ((end = bracket_end(p, why, size, &refused)) == NULL)
+				break;	/* refused, or regcomp says what */
+			p = end;
 		} else if (*p == '\\' && p[1] != '\0') {
 			if (p[1] >= '1' && p[1] <= '9') {
 				snprintf(why, size, "a back-reference (\\%c) is not POSIX "
 				    "ERE, and matching one takes time exponential in "
 				    "the path's length", p[1]);
-				return 1;
+				refused = 1;
+				break;
 			}
 			if (isalpha((unsigned char)p[1]) && strchr("wWsSbB", p[1]) == NULL) {
 				snprintf(why, size, "\\%c is not POSIX ERE: it would "
 				    "match the letter %c%s", p[1], p[1], p[1] == 'd' ?
 				    " (write [0-9])" : p[1] == 'D' ? " (write [^0-9])" : "");
-				return 1;
+				refused = 1;
+				break;
 			}
 			p++;
+		} else if (*p == '(') {
+			frames[++depth].total = 0;
+			frames[depth].last = 0;
+			continue;
+		} else if (*p == ')') {
+			if (depth == 0) {
+				snprintf(why, size, "the ')' at byte %zu closes no '(': "
+				    "write \\) for the character", (size_t)(p - re) + 1);
+				refused = 1;
+				break;
+			}
+			copies = frames[depth--].total;
+			frames[depth].last = copies;
+			frames[depth].total += copies;
+			continue;
+		} else if (*p == '|') {
+			top_alternation |= depth == 0;
+			frames[depth].last = 0;
+			continue;
+		} else if (*p == '*' || *p == '+' || *p == '?') {
+			continue;	/* a loop over the atom: no copies */
+		} else if (*p == '{' && (copies = interval_copies(p, &end)) >= 0) {
+			/* the atom is written out copies times, not once */
+			frames[depth].total += frames[depth].last * (copies - 1);
+			frames[depth].last *= copies;
+			/* at once, before nested counts can overflow */
+			refused = too_many = frames[depth].total - written >
+			    REGEX_COPIES_MAX;
+			p = end;
+			continue;
 		}
+		frames[depth].last = 1;
+		frames[depth].total++;
+		written++;
 	}
-	return 0;
+	if (!refused && depth == 0 && frames[0].total - written > REGEX_COPIES_MAX)
+		refused = too_many = 1;	/* groups under it, together over it */
+	if (too_many)
+		snprintf(why, size, "its repeat counts write out more than %d "
+		    "extra copies of what they repeat (nested counts multiply), "
+		    "and matching one long path against them would take "
+		    "seconds: use + or * where any count will do",
+		    REGEX_COPIES_MAX);
+	free(frames);
+	*anchored = re[0] == '^' && !top_alternation;
+	return refused;
 }
 
 static int
 set_path(struct loader *ld, const struct node *nd, const char *key,
     struct route_draft *d, enum path_match kind)
 {
-	char why[192];
+	char why[256];
+	int anchored;
 
 	if (++d->path_fields > 1) {
 		node_error(ld, nd, "match: use only one of path, prefix and regex");
@@ -2183,7 +2291,8 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
 		d->r.path_kind = PATH_ANY;
 		return -1;
 	}
-	if (kind == PATH_REGEX && regex_refused(d->r.path, why, sizeof(why))) {
+	if (kind == PATH_REGEX && regex_refused(d->r.path, why, sizeof(why),
+	    &anchored)) {
 		node_error(ld, nd, "regex: \"%s\": %s", echo(ld, d->r.path), why);
 		d->r.path_kind = PATH_ANY;
 		return -1;
@@ -2198,6 +2307,31 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
 			node_error(ld, nd, "regex: \"%s\": %s", echo(ld, d->r.path), msg);
 			d->r.path_kind = PATH_ANY;
 			return -1;
+		}
+		if (!anchored) {
+			/* glibc tries an unanchored pattern from each byte of
+			 * the path in turn: "[a-z]+/x" took 0.4 s on a 16 KiB
+			 * path of letters. "^.*(RE)" matches the same paths in
+			 * one pass (the same 16 KiB: under 1 ms); '.' is any
+			 * byte, as the daemon keeps the C locale. Compiled
+			 * after the pattern alone, so that an error above
+			 * names what the user wrote. */
+			size_t len = strlen(d->r.path) + 6;
+			char *wrapped = xmalloc(len);
+
+			snprintf(wrapped, len, "^.*(%s)", d->r.path);
+			regfree(&d->r.regex);
+			rc = regcomp(&d->r.regex, wrapped, REG_EXTENDED | REG_NOSUB);
+			free(wrapped);
+			if (rc != 0) {
+				char msg[256];
+
+				regerror(rc, &d->r.regex, msg, sizeof(msg));
+				node_error(ld, nd, "regex: \"%s\" (searched as "
+				    "^.*(...)): %s", echo(ld, d->r.path), msg);
+				d->r.path_kind = PATH_ANY;
+				return -1;
+			}
 		}
 	}
 	return 0;

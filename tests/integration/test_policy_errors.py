@@ -180,7 +180,10 @@ def test_good_forms(tmp_path):
 def test_good_regexes(tmp_path):
     """GNU escapes, escaped punctuation and classes stay accepted."""
     for rx in ("'^/v[0-9]+/'", "'^/\\w+\\.json$'", "'^/a\\b'", "'^/[[:digit:]\\]+$'",
-               "'^/[]a]\\/x'", "'^/[^]/]+$'", "'\\s\\S\\W\\B'"):
+               "'^/[]a]\\/x'", "'^/[^]/]+$'", "'\\s\\S\\W\\B'",
+               # at most 1000 copies beyond what the pattern writes
+               "'(a{1,100}){1,10}b'", "'[0-9]{1,1000}x'", "'^/%s$'" % ("a" * 1500),
+               "'^/[(]{1,500}\\){1,500}'", "'a|b{0}|c{3,}|d{,3}'"):
         path = write(tmp_path, variant({17: "    match: { regex: %s }" % rx}))
         p = validate(path)
         assert p.returncode == 0, (rx, p.stderr.decode())
@@ -261,7 +264,14 @@ def _cases():
     for i, (rx, says) in enumerate((("'^/(.*)(.*)\\2\\1x$'", "back-reference"),
                                     ("'^/v\\d+/'", "[0-9]"), ("'^/\\D'", "[^0-9]"),
                                     ("'^/a\\p'", "letter p"),
-                                    ("'^/v[\\d]+/'", "inside [...]"))):
+                                    ("'^/v[\\d]+/'", "inside [...]"),
+                                    # repeat counts are written out, nested
+                                    # ones multiplied: 12 s for one 2 KB path
+                                    ("'^/((a{1,30}){1,30}){1,30}b$'", "1000 extra copies"),
+                                    ("'^/[a-z]{1,12000}$'", "nested counts multiply"),
+                                    ("'(x{1,600})(y{1,600})'", "use + or *"),
+                                    ("'^/(ab{2,}){1,600}'", "1000 extra copies"),
+                                    ("'a)|b'", "closes no '('"))):
         add("bad_regex_%d" % i, {17: "    match: { regex: %s }" % rx}, 17, rx, says)
     add("bad_listen_word", {2: "  listen: nowhere"}, 2, "nowhere")
     add("bad_listen_port", {2: "  listen: 127.0.0.1:99999"}, 2, "127.0.0.1:99999")

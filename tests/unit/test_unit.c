@@ -509,6 +509,49 @@ test_methods(void)
 	config_unref(c);
 }
 
+/* An unanchored regex is searched as "^.*(RE)": the same paths match. */
+static void
+test_regex_routes(void)
+{
+	static const struct { const char *path, *route; } cases[] = {
+		{ "/zz/abc/x", "mid" }, { "/abc/x/more", "mid" },
+		{ "/a", "alt" }, { "/b/a", NULL }, { "/q/yy", "alt" },
+		{ "/q\n\xff/abc/x", "mid" },	/* "." is any byte */
+		{ "/end.json", "end" }, { "/x/end.json", "end" },
+		{ "/x/end.jsonx", NULL }, { "/ABC/x", NULL }, { "/%0a", NULL },
+	};
+	struct config_errors e;
+	struct config *c = load("routes:\n"
+	    "  - name: mid\n"
+	    "    match: { regex: '[a-z]+/x' }\n"
+	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n"
+	    "  - name: alt\n"
+	    "    match: { regex: '^/a$|yy' }\n"
+	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n"
+	    "  - name: end\n"
+	    "    match: { regex: '\\.json$' }\n"
+	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n", &e);
+	struct check_input in = { "GET", NULL, NULL, NULL, "203.0.113.7", NULL, NULL };
+
+	if (c == NULL) {
+		CHECK(c != NULL);
+		return;
+	}
+	policy_prepare(c);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const struct route *r;
+
+		in.path = cases[i].path;
+		r = policy_match(c, &in);
+		if (cases[i].route ? !(r && strcmp(r->name, cases[i].route) == 0) : r != NULL) {
+			fprintf(stderr, "    %s: got %s, want %s\n", cases[i].path,
+			    r ? r->name : "none", cases[i].route ? cases[i].route : "none");
+			CHECK(0);
+		}
+	}
+	config_unref(c);
+}
+
 static void
 test_client_ip(void)
 {
@@ -958,6 +1001,7 @@ static const struct {
 	{ "path normalization", test_normalize },
 	{ "routes and keys", test_routes_and_keys },
 	{ "methods: HEAD with GET", test_methods },
+	{ "regex routes", test_regex_routes },
 	{ "client ip", test_client_ip },
 	{ "redis keys and command", test_encode_and_build },
 	{ "verdict and headers", test_verdict_and_headers },
