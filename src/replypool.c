@@ -44,8 +44,8 @@ take(const redisReadTask *task, int type)
 	return p;
 }
 
-static void
-give(void *obj)
+void
+replypool_free_object(void *obj)
 {
 	struct pooled *p = obj;
 	redisReply *r = &p->r;
@@ -54,7 +54,7 @@ give(void *obj)
 	case REDIS_REPLY_ARRAY:
 		for (size_t i = 0; i < r->elements; i++)
 			if (r->element[i])
-				give(r->element[i]);
+				replypool_free_object(r->element[i]);
 		break;
 	case REDIS_REPLY_STRING:
 	case REDIS_REPLY_STATUS:
@@ -121,7 +121,8 @@ create_nil(const redisReadTask *task)
 }
 
 redisReplyObjectFunctions replypool_functions = {
-	create_string, create_array, create_integer, create_nil, give,
+	create_string, create_array, create_integer, create_nil,
+	replypool_free_object,
 };
 
 void

@@ -14,6 +14,9 @@ struct redisReplyObjectFunctions;
 /* For redisReader.fn (hiredis wants it non-const). */
 extern struct redisReplyObjectFunctions replypool_functions;
 
+/* Its freeObject, for a reader whose other functions wrap these. */
+void replypool_free_object(void *obj);
+
 /* Frees the calling thread's idle objects; call when its contexts are gone. */
 void replypool_thread_free(void);
 

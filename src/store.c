@@ -48,6 +48,7 @@
 
 #define STORE_BACKOFF_MIN_US	50000LL		/* first retry after 50 ms */
 #define STORE_BACKOFF_MAX_US	1000000LL	/* never wait more than 1 s */
+#define STORE_STEADY_US		STORE_BACKOFF_MAX_US	/* see st_flapping */
 #define STORE_STALL_MIN_US	1000000LL
 #define STORE_WATCHDOG_US	100000LL
 #define STORE_RETIRE_SLACK_US	100000LL
@@ -138,6 +139,17 @@ struct store {
 	 * Redis without a password refuses AUTH but runs SCRIPT LOAD) must
 	 * not bring it up before the drop. */
 	int			 st_link_failed;
+	/* The last link was lost within STORE_STEADY_US of coming up, and
+	 * none has held that long since. A peer that takes the handshake and
+	 * breaks each call (a protocol error, a proxy that garbles replies)
+	 * would otherwise be met with a fresh backoff and a "connected" line
+	 * at every handshake: a reconnect every 60 ms, and a log storm. Its
+	 * links back off to a second apart and are one outage in the log,
+	 * until one holds (the watchdog says so). */
+	int			 st_flapping;
+	long long		 st_up_us;	/* when the link came up */
+	/* The peer sent a reply that no command awaits (see guarded_functions). */
+	int			 st_unsolicited;
 	struct lookup		*st_lookup;	/* the host's name being looked up */
 
 	int			 st_max_batch;	/* redis.max_batch */
@@ -215,7 +227,9 @@ set_state(struct store *st, enum store_state state)
 	if (state == STORE_UP && st->st_state != STORE_UP) {
 		st->st_link = ++*st->st_link_count;
 		st->st_answered = 0;
-	}
+		st->st_up_us = mono_us();
+	} else if (state != STORE_UP && st->st_state == STORE_UP)
+		st->st_flapping = mono_us() - st->st_up_us < STORE_STEADY_US;
 	st->st_state = state;
 	report_state(st);
 }
@@ -303,7 +317,11 @@ on_disconnect(const redisAsyncContext *ac, int status)
 	/* Closed (or answered with something not RESP) before the handshake
 	 * was done, with no Redis error to quote: the log lists what does
 	 * this, the TLS-only port of a managed Redis among them. */
-	if (!st->st_logged_down && st->st_state == STORE_CONNECTING && st->st_tcp_up)
+	if (!st->st_logged_down && st->st_unsolicited)
+		log_warnx("%s: sent a reply that no command asked for: a server "
+		    "that is not Redis, or a proxy that garbles replies; "
+		    "reconnecting", st->st_who);
+	else if (!st->st_logged_down && st->st_state == STORE_CONNECTING && st->st_tcp_up)
 		log_warnx("%s: closed by the server before the handshake finished%s%s "
 		    "(Redis restarting or killed, a proxy or TLS tunnel whose Redis "
 		    "is down, a Redis that accepts only TLS: see \"Redis over TLS\" "
@@ -370,15 +388,16 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 	if (st->st_state != STORE_UP) {
 		event_del(st->st_handshake_ev);
 		st->st_progress_us = mono_us();
-		if (!st->st_stalled) {
+		if (!st->st_stalled && !st->st_flapping) {
 			st->st_backoff_us = STORE_BACKOFF_MIN_US;
 			/* Said for the first link too: an operator sees
 			 * which Redis each worker uses. */
 			log_info("%s: connected", st->st_who);
 			st->st_logged_down = 0;
 		} else
-			log_debug("%s: connected again; waiting for an answer",
-			    st->st_who);
+			log_debug("%s: connected again; waiting for %s",
+			    st->st_who, st->st_stalled ? "an answer" :
+			    "the link to hold");
 		st->st_logged_handshake = 0;
 		set_state(st, STORE_UP);
 		/* Redis answers in order, so until it answers this no call
@@ -417,6 +436,12 @@ on_info(redisAsyncContext *ac, void *r, void *privdata)
 		return;
 	if (reply->type == REDIS_REPLY_ERROR && strncmp(reply->str, "NOPERM", 6) != 0) {
 		handshake_refused(st, "INFO", reply->str);
+		return;
+	}
+	if (reply->type != REDIS_REPLY_ERROR && reply->type != REDIS_REPLY_STRING) {
+		/* Redis answers INFO with a bulk string, always */
+		handshake_refused(st, "INFO", "unexpected reply: a server that is "
+		    "not Redis, or a proxy that garbles replies");
 		return;
 	}
 	info = reply->type == REDIS_REPLY_STRING ? reply->str : "";
@@ -522,6 +547,69 @@ store_connect(struct store *st)
 	event_add(st->st_handshake_ev, &tv);
 }
 
+/*
+ * hiredis 0.14 aborts the process (an assert in redisProcessCallbacks)
+ * when a reply arrives that no command awaits, unless it is an error: a
+ * peer that is not Redis (one that answers "+OK" per line), or a proxy
+ * that garbles replies, would take the daemon down. These wrap the reply
+ * pool's functions: the first object of such a reply is refused, which
+ * hiredis takes as a reader error and drops the link (the disconnect
+ * callback names the cause). The reader's privdata is the context, and
+ * hiredis builds a reply before it takes the reply's callback off the
+ * list, so the list is empty exactly when nothing awaits this reply.
+ */
+static int
+reply_unsolicited(const redisReadTask *task)
+{
+	redisAsyncContext *ac = task->privdata;
+	struct store *st;
+
+	if (task->parent != NULL || ac == NULL || ac->replies.head != NULL)
+		return 0;
+	if ((st = ac->data) != NULL)
+		st->st_unsolicited = 1;
+	return 1;
+}
+
+static void *
+guarded_string(const redisReadTask *task, char *str, size_t len)
+{
+	/* an error no command awaits hiredis handles itself (Redis sends
+	 * "max number of clients reached" before it closes) */
+	if (task->type != REDIS_REPLY_ERROR && reply_unsolicited(task))
+		return NULL;
+	return replypool_functions.createString(task, str, len);
+}
+
+static void *
+guarded_array(const redisReadTask *task, int elements)
+{
+	if (reply_unsolicited(task))
+		return NULL;
+	return replypool_functions.createArray(task, elements);
+}
+
+static void *
+guarded_integer(const redisReadTask *task, long long value)
+{
+	if (reply_unsolicited(task))
+		return NULL;
+	return replypool_functions.createInteger(task, value);
+}
+
+static void *
+guarded_nil(const redisReadTask *task)
+{
+	if (reply_unsolicited(task))
+		return NULL;
+	return replypool_functions.createNil(task);
+}
+
+static redisReplyObjectFunctions guarded_functions = {
+	guarded_string, guarded_array, guarded_integer, guarded_nil,
+	replypool_free_object,
+};
+
 /* Connects to ip (NULL: the unix socket) and queues the handshake. */
 static void
 connect_to(struct store *st, const char *ip)
@@ -544,8 +632,10 @@ connect_to(struct store *st, const char *ip)
 		return;
 	}
 	ac->data = st;
-	ac->c.reader->fn = &replypool_functions;
+	ac->c.reader->fn = &guarded_functions;
+	ac->c.reader->privdata = ac;
 	st->st_ac = ac;
+	st->st_unsolicited = 0;
 	st->st_tcp_up = 0;
 	st->st_script_loading = 0;
 	st->st_link_failed = 0;
@@ -640,6 +730,14 @@ on_watchdog(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
+	if (st->st_flapping && st->st_state == STORE_UP && !st->st_stalled &&
+	    mono_us() - st->st_up_us >= STORE_STEADY_US) {
+		log_info("%s: connected (the link has held for %lld ms)", st->st_who,
+		    STORE_STEADY_US / 1000);
+		st->st_flapping = 0;
+		st->st_backoff_us = STORE_BACKOFF_MIN_US;
+		st->st_logged_down = 0;
+	}
 	if (st->st_state == STORE_UP && (st->st_inflight > 0 || !st->st_answered) &&
 	    mono_us() - st->st_progress_us > st->st_stall_us) {
 		long long silent_ms = (mono_us() - st->st_progress_us) / 1000;

@@ -6,13 +6,11 @@ import threading
 import time
 
 
-class ReplyProxy:
-    """Accepts on a free port; each connection gets its own link to Redis,
-    requests go through at once and replies through `replies` (one thread
-    per direction)."""
+class Listener:
+    """Accepts on a free port of 127.0.0.1 and hands each connection to
+    `take`, on the accepting thread."""
 
-    def __init__(self, redis_port):
-        self.redis_port = redis_port
+    def __init__(self):
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.socks = []
@@ -21,30 +19,12 @@ class ReplyProxy:
     def accept(self):
         while True:
             try:
-                client, _ = self.listener.accept()
+                s, _ = self.listener.accept()
             except OSError:
                 return          # closed
-            try:
-                server = socket.create_connection(("127.0.0.1", self.redis_port))
-            except OSError:
-                client.close()  # Redis is gone: so is the link
-                continue
-            self.socks += [client, server]
-            threading.Thread(target=self.requests, args=(client, server), daemon=True).start()
-            self.replies(server, client)
+            self.take(s)
 
-    @staticmethod
-    def requests(src, dst):
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    return
-                dst.sendall(data)
-        except OSError:
-            pass
-
-    def replies(self, src, dst):
+    def take(self, sock):
         raise NotImplementedError
 
     def close(self):
@@ -60,6 +40,39 @@ class ReplyProxy:
                 s.close()
             except OSError:
                 pass
+
+
+class ReplyProxy(Listener):
+    """Each connection gets its own link to Redis, requests go through at
+    once and replies through `replies` (one thread per direction)."""
+
+    def __init__(self, redis_port):
+        self.redis_port = redis_port
+        super().__init__()
+
+    def take(self, client):
+        try:
+            server = socket.create_connection(("127.0.0.1", self.redis_port))
+        except OSError:
+            client.close()  # Redis is gone: so is the link
+            return
+        self.socks += [client, server]
+        threading.Thread(target=self.requests, args=(client, server), daemon=True).start()
+        self.replies(server, client)
+
+    @staticmethod
+    def requests(src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    return
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def replies(self, src, dst):
+        raise NotImplementedError
 
 
 class SlowReplies(ReplyProxy):
@@ -172,5 +185,80 @@ class SilentAfterHandshake(ReplyProxy):
                             pass            # swallowed
                         return
                 dst.sendall(data)
+        except OSError:
+            pass
+
+
+class FakeRedis(Listener):
+    """Speaks enough RESP to pass the daemon's handshake (AUTH, SELECT,
+    INFO of a primary, SCRIPT LOAD, the zero-check probe), then answers
+    each script call with `keyed` (bytes, or None for no answer): a
+    server that is not quite Redis, or a proxy that garbles replies.
+    `greeting`, when set, is all it sends, at the first request."""
+
+    SHA = b"0123456789abcdef0123456789abcdef01234567"
+
+    def __init__(self, keyed, greeting=None):
+        self.keyed = keyed
+        self.greeting = greeting
+        self.links = 0
+        super().__init__()
+
+    def take(self, sock):
+        self.links += 1
+        self.socks.append(sock)
+        threading.Thread(target=self.serve, args=(sock,), daemon=True).start()
+
+    @staticmethod
+    def commands(buf):
+        """The complete commands at the head of buf, and what is left."""
+        out = []
+        while buf.startswith(b"*"):
+            end = buf.find(b"\r\n")
+            if end < 0:
+                break
+            n, at, args = int(buf[1:end]), end + 2, []
+            for _ in range(n):
+                end = buf.find(b"\r\n", at)
+                if end < 0:
+                    return out, buf
+                size = int(buf[at + 1:end])
+                if len(buf) < end + 2 + size + 2:
+                    return out, buf
+                args.append(buf[end + 2:end + 2 + size])
+                at = end + 2 + size + 2
+            out.append(args)
+            buf = buf[at:]
+        return out, buf
+
+    def answer(self, args):
+        cmd = args[0].upper()
+        if cmd in (b"AUTH", b"SELECT"):
+            return b"+OK\r\n"
+        if cmd == b"INFO":
+            info = b"# Server\r\nredis_version:7.0.15\r\nredis_mode:standalone\r\n" \
+                   b"# Replication\r\nrole:master\r\n"
+            return b"$%d\r\n%s\r\n" % (len(info), info)
+        if cmd == b"SCRIPT":
+            return b"$40\r\n%s\r\n" % self.SHA
+        if cmd == b"EVALSHA" and args[2] == b"0":
+            return b"*0\r\n"    # the probe: zero checks
+        return self.keyed
+
+    def serve(self, s):
+        buf = b""
+        try:
+            while True:
+                data = s.recv(65536)
+                if not data:
+                    return
+                if self.greeting is not None:
+                    s.sendall(self.greeting)
+                    continue
+                cmds, buf = self.commands(buf + data)
+                for args in cmds:
+                    reply = self.answer(args)
+                    if reply:
+                        s.sendall(reply)
         except OSError:
             pass

@@ -16,7 +16,7 @@ import requests
 from conftest import ROOT, RedisServer, wait_until
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
 from helpers import ArgsRedis, all_keys, check, healthy, policy, rkey, shared_daemon, vcheck
-from proxies import SilentAfterHandshake, TrickledReplies
+from proxies import FakeRedis, SilentAfterHandshake, TrickledReplies
 
 TIMEOUT_S = 0.050
 SLACK_S = 0.250
@@ -1179,3 +1179,64 @@ def test_a_replica_unseen_by_info_backs_off(start_daemon, redis_server, tmp_path
         assert rc.info("stats")["total_connections_received"] - conns0 <= 10, log
     finally:
         replica.stop()
+
+
+@pytest.mark.parametrize("greeting", [b"+OK\r\n" * 10, b"+OK POP3 ready\r\n"])
+def test_a_server_that_is_not_redis_never_takes_the_daemon_down(start_daemon, greeting):
+    """hiredis 0.14 aborts on a reply that no command awaits: a peer that
+    answered "+OK" per line killed the daemon at its handshake (found by
+    an audit). Now the link is refused, and checks fail open."""
+    fake = FakeRedis(None, greeting=greeting)
+    try:
+        d = start_daemon(SIMPLE, redis_port=fake.port, wait_ready=False)
+        assert wait_until(lambda: "not Redis" in d.log(), timeout=5), d.log()
+        time.sleep(0.5)
+        assert d.proc.poll() is None, d.log()
+        assert_fail_open(d, n=3)
+        assert not ready(d)
+    finally:
+        fake.close()
+
+
+def test_two_replies_to_one_call_never_take_the_daemon_down(start_daemon):
+    """A peer that passes the handshake and answers a script call twice
+    (a proxy that garbles): the first reply fails its checks open, the
+    second, which no call awaits, drops the link, logged once."""
+    fake = FakeRedis(b"*0\r\n*0\r\n")
+    try:
+        d = start_daemon(SIMPLE, redis_port=fake.port)
+        for _ in range(5):
+            assert_fail_open(d, n=1)
+            time.sleep(0.05)
+        assert d.proc.poll() is None, d.log()
+        assert d.log().count("sent a reply that no command asked for") == 1, d.log()
+    finally:
+        fake.close()
+
+
+def test_a_link_broken_by_every_call_backs_off(start_daemon):
+    """A peer that takes the handshake and answers each script call with a
+    protocol error: each handshake reset the backoff and logged
+    "connected", so the daemon reconnected every 60 ms, with two log
+    lines each time (an audit: 78 links in 5 s). The links now back off
+    to a second apart and are one outage in the log; once one holds a
+    second, that is said and the backoff starts again from 50 ms."""
+    fake = FakeRedis(b"!!!garbage\r\n")
+    try:
+        d = start_daemon(SIMPLE, redis_port=fake.port)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            r = check(d, "/check/x")
+            assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "-1"
+            time.sleep(0.02)
+        log = d.log()
+        # 50 ms, 100 ms ... 1 s: about 6 links in 3 s, not 50
+        assert fake.links <= 9, (fake.links, log)
+        assert log.count(": connected") == 1, log
+        assert log.count("disconnected") == 1, log
+        # the peer mends (an error reply is an answer): the link holds
+        fake.keyed = b"-ERR mended\r\n"
+        assert wait_until(lambda: "link has held" in d.log(), timeout=4), d.log()
+        assert d.proc.poll() is None, d.log()
+    finally:
+        fake.close()
