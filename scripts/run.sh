@@ -57,7 +57,11 @@ trap cleanup EXIT INT TERM
 echo "run: build/ratelimitd -c $policy (Ctrl-C stops it)"
 build/ratelimitd -c "$policy" &
 daemon=$!
-trap 'kill -TERM $daemon 2>/dev/null' INT TERM
+# Ctrl-C signals the whole foreground group, the daemon with it: passing it
+# on would be a second signal, which cuts the drain short. A TERM sent to
+# this script alone is passed on.
+trap : INT
+trap 'kill -TERM $daemon 2>/dev/null' TERM
 # The daemon's own status (1 when it cannot start, say its port is taken),
 # once it has exited: a wait cut short by Ctrl-C returns above 128 while
 # the daemon still drains.
