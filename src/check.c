@@ -11,6 +11,7 @@
  * touched after it is reused.
  */
 #define _GNU_SOURCE
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -368,6 +369,9 @@ check_finish(struct check *ck, enum check_outcome outcome)
 		worker_check_done(w);
 }
 
+static void log_redis_error(struct worker *, const char *, const char *, ...)
+    __attribute__((format(printf, 3, 4)));
+
 static void
 check_on_timer(evutil_socket_t fd, short what, void *arg)
 {
@@ -377,6 +381,9 @@ check_on_timer(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (ck->ck_phase == CHECK_WAITING) {
 		metrics_redis_error(ck->ck_worker->w_metrics, REDIS_ERROR_TIMEOUT);
+		/* a stall too short for the watchdog is still told */
+		log_redis_error(ck->ck_worker, ck->ck_route->name, "no reply within "
+		    "redis.timeout (%lld ms)", ck->ck_config->redis_timeout_us / 1000);
 		check_finish(ck, OUTCOME_DEGRADED);
 	} else if (ck->ck_phase == CHECK_DELAYED)
 		check_finish(ck, OUTCOME_VERDICT);
@@ -392,9 +399,9 @@ check_on_peer_gone(void *arg)
 }
 
 /*
- * A Redis error reply (OOM under maxmemory, READONLY after a failover)
- * fails every check alike, tens of thousands a second: one line a second
- * per worker, saying how many it stands for. The metrics count them all.
+ * A Redis error reply (OOM under maxmemory, READONLY after a failover), or
+ * a timeout, fails every check alike, tens of thousands a second: one line
+ * a second per worker, saying how many it stands for. The metrics count them all.
  * The errors held back are told by the next line, or by a timer a second
  * after the last line, so the count of a burst that ends is not lost.
  */
@@ -423,12 +430,19 @@ on_redis_errors_flush(evutil_socket_t fd, short what, void *arg)
 }
 
 static void
-log_redis_error(struct worker *w, const char *route, const char *error)
+log_redis_error(struct worker *w, const char *route, const char *fmt, ...)
 {
 	long long now = mono_us();
+	int n;
+	va_list ap;
 
-	snprintf(w->w_error_last, sizeof(w->w_error_last), "route %s: %s", route,
-	    error);
+	n = snprintf(w->w_error_last, sizeof(w->w_error_last), "route %s: ", route);
+	if (n > 0 && (size_t)n < sizeof(w->w_error_last)) {
+		va_start(ap, fmt);
+		vsnprintf(w->w_error_last + n, sizeof(w->w_error_last) - (size_t)n,
+		    fmt, ap);
+		va_end(ap);
+	}
 	w->w_errors_unlogged++;
 	if (w->w_error_logged_us != 0 && now - w->w_error_logged_us < 1000000) {
 		struct timeval tv = tv_us(w->w_error_logged_us + 1000000 - now);
@@ -476,15 +490,15 @@ check_on_reply(void *arg, const struct store_result *res)
 		return;
 	case STORE_ERROR:
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_ERROR);
-		log_redis_error(w, ck->ck_route->name, res->error ? res->error :
-		    "unknown");
+		log_redis_error(w, ck->ck_route->name, "%s", res->error ?
+		    res->error : "unknown");
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
 	case STORE_OK:
 		break;
 	}
 	if (limiter_parse(ck->ck_set, res->ints, res->nints, &ck->ck_verdict) == -1) {
-		log_warnx("route %s: malformed script reply", ck->ck_route->name);
+		log_redis_error(w, ck->ck_route->name, "malformed script reply");
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_ERROR);
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
@@ -589,6 +603,9 @@ check_run(struct check *ck, const char *key, size_t keylen, int kind)
 	 * slower than the traffic stays what it can answer in that time. */
 	if (store_behind(w->w_store, ck->ck_config->redis_timeout_us)) {
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_TIMEOUT);
+		log_redis_error(w, ck->ck_route->name, "not sent: a call has waited "
+		    "redis.timeout (%lld ms) for its reply",
+		    ck->ck_config->redis_timeout_us / 1000);
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
 	}

@@ -1003,15 +1003,18 @@ def test_connection_killed_by_redis_reconnects(start_daemon, redis_server):
     assert r.headers["X-RateLimit-Remaining"] in ("3", "2", "1", "0")
 
 
+# Keeps Redis busy 0.3 s (DEBUG SLEEP is off by default in Redis 7).
+BUSY_300MS = ("local s = redis.call('TIME') local t0 = s[1] * 1e6 + s[2] "
+              "while true do local t = redis.call('TIME') "
+              "if t[1] * 1e6 + t[2] - t0 > 300000 then break end end return 1")
+
+
 def test_slow_redis_within_deadline_is_not_degraded(start_daemon, redis_server):
     d = start_daemon(policy(route("r", "/"), timeout="1s"))
     assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
-    busy = ("local s = redis.call('TIME') local t0 = s[1] * 1e6 + s[2] "
-            "while true do local t = redis.call('TIME') "
-            "if t[1] * 1e6 + t[2] - t0 > 300000 then break end end return 1")
     c = redis_server.client()
     c.ping()
-    sleeper = threading.Thread(target=lambda: c.eval(busy, 0))   # Redis busy 0.3 s
+    sleeper = threading.Thread(target=lambda: c.eval(BUSY_300MS, 0))
     sleeper.start()
     time.sleep(0.05)
     r, dt = timed_check(d)
@@ -1240,3 +1243,26 @@ def test_a_link_broken_by_every_call_backs_off(start_daemon):
         assert d.proc.poll() is None, d.log()
     finally:
         fake.close()
+
+
+def test_a_stall_shorter_than_the_watchdog_is_logged(start_daemon, redis_server):
+    """Redis stalled a moment: its checks fail open on their deadline, too soon
+    for the watchdog (1 s) to say anything, and the log said nothing at
+    all (an audit). The timeouts are now told like error replies: a line
+    a second at most, with how many it stands for."""
+    d = start_daemon(SIMPLE)
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+    redis_server.pause()
+    try:
+        for _ in range(4):
+            assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "-1"
+    finally:
+        redis_server.resume()
+    assert wait_until(lambda: "more Redis errors" in d.log(), timeout=3), d.log()
+    lines = [l for l in d.log().splitlines() if "redis.timeout (50 ms)" in l]
+    assert len(lines) == 2, d.log()     # the first at once, the rest a second later
+    assert lines[0].endswith("error on route r: no reply within redis.timeout (50 ms)"), lines
+    # behind the first, the others were not sent (the log names the last)
+    assert lines[1].endswith("error on route r: not sent: a call has waited "
+                             "redis.timeout (50 ms) for its reply (and 2 more Redis "
+                             "errors since the last line like this)"), lines
