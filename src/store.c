@@ -49,6 +49,7 @@
 #define STORE_BACKOFF_MIN_US	50000LL		/* first retry after 50 ms */
 #define STORE_BACKOFF_MAX_US	1000000LL	/* never wait more than 1 s */
 #define STORE_STEADY_US		STORE_BACKOFF_MAX_US	/* see st_flapping */
+#define STORE_IDLE_PING_US	5000000LL	/* see keep_alive */
 #define STORE_STALL_MIN_US	1000000LL
 #define STORE_WATCHDOG_US	100000LL
 #define STORE_RETIRE_SLACK_US	100000LL
@@ -150,6 +151,7 @@ struct store {
 	long long		 st_up_us;	/* when the link came up */
 	/* The peer sent a reply that no command awaits (see guarded_functions). */
 	int			 st_unsolicited;
+	int			 st_pinging;	/* a keep_alive PING is unanswered */
 	struct lookup		*st_lookup;	/* the host's name being looked up */
 
 	int			 st_max_batch;	/* redis.max_batch */
@@ -636,6 +638,7 @@ connect_to(struct store *st, const char *ip)
 	ac->c.reader->privdata = ac;
 	st->st_ac = ac;
 	st->st_unsolicited = 0;
+	st->st_pinging = 0;
 	st->st_tcp_up = 0;
 	st->st_script_loading = 0;
 	st->st_link_failed = 0;
@@ -724,6 +727,38 @@ on_handshake_timeout(evutil_socket_t fd, short what, void *arg)
 }
 
 static void
+on_ping_reply(redisAsyncContext *ac, void *r, void *privdata)
+{
+	struct store *st = ac->data;
+
+	(void)privdata;
+	if (r == NULL || st == NULL || st->st_ac != ac)
+		return;
+	st->st_pinging = 0;
+	st->st_progress_us = mono_us();
+}
+
+/*
+ * A link idle for STORE_IDLE_PING_US is sent a PING. A Redis `timeout`
+ * closes an idle client (a managed Redis may: Azure's after 10 minutes),
+ * and so does a NAT or load balancer that forgets an idle flow, silently:
+ * then the next check met a closed or dead link and failed open. The PING
+ * keeps the link in use, and a link that has died without a word is found
+ * by the watchdog (no reply to the PING) before a check needs it.
+ */
+static void
+keep_alive(struct store *st, long long now)
+{
+	if (st->st_state != STORE_UP || !st->st_answered || st->st_inflight > 0 ||
+	    st->st_pinging || now - st->st_progress_us < STORE_IDLE_PING_US)
+		return;
+	if (redisAsyncCommand(st->st_ac, on_ping_reply, NULL, "PING") == REDIS_OK) {
+		st->st_pinging = 1;
+		st->st_progress_us = now;
+	}
+}
+
+static void
 on_watchdog(evutil_socket_t fd, short what, void *arg)
 {
 	struct store *st = arg;
@@ -738,8 +773,9 @@ on_watchdog(evutil_socket_t fd, short what, void *arg)
 		st->st_backoff_us = STORE_BACKOFF_MIN_US;
 		st->st_logged_down = 0;
 	}
-	if (st->st_state == STORE_UP && (st->st_inflight > 0 || !st->st_answered) &&
-	    mono_us() - st->st_progress_us > st->st_stall_us) {
+	keep_alive(st, mono_us());
+	if (st->st_state == STORE_UP && (st->st_inflight > 0 || !st->st_answered ||
+	    st->st_pinging) && mono_us() - st->st_progress_us > st->st_stall_us) {
 		long long silent_ms = (mono_us() - st->st_progress_us) / 1000;
 
 		if (!st->st_stalled) {		/* said once, when it began */
@@ -749,8 +785,9 @@ on_watchdog(evutil_socket_t fd, short what, void *arg)
 				    silent_ms, st->st_inflight,
 				    st->st_inflight == 1 ? "" : "s");
 			else
-				log_warnx("%s: no reply to the first script call "
-				    "for %lld ms; dropping the link", st->st_who,
+				log_warnx("%s: no reply to %s for %lld ms; "
+				    "dropping the link", st->st_who, st->st_pinging ?
+				    "a PING on the idle link" : "the first script call",
 				    silent_ms);
 		}
 		st->st_stalled = 1;
