@@ -2,6 +2,7 @@
 in flight (at most server.drain_timeout), close Redis and exit 0. Checks in
 flight are held by a leaky_bucket with `delay: true`, whose allowed replies
 wait for their turn."""
+import datetime
 import signal
 import socket
 import threading
@@ -253,22 +254,31 @@ def test_second_signal_after_idle_workers_finished(ops_daemon):
         s.close()
 
 
+def log_time(d, text):
+    """When the daemon logged the first line with text (its clock, to the ms)."""
+    line = next(l for l in d.log().splitlines() if text in l)
+    stamp = datetime.datetime.strptime(line.split(" ", 1)[0], "%Y-%m-%dT%H:%M:%S.%fZ")
+    return stamp.timestamp()
+
+
 def test_daemon_with_nothing_to_finish_exits_at_once(ops_daemon):
     """With no check in flight and no reply going out, the drain is over at
     once: the process does not sit out a fixed 100 ms, a gap in which a
     gateway with this daemon as its only upstream fails every check (it
     could not connect, and the new daemon could not start yet). Best of
-    three, for a busy machine."""
+    three, for a busy machine. Timed by the daemon's own lines, from the
+    signal's to "stopped": the sanitized build's exit adds its leak scan
+    (some 70 ms here), which no gateway waits on but a stopwatch did."""
     took = []
     for _ in range(3):
         d = ops_daemon(shaped_policy("2/s", "5s"))
         s = requests.Session()
         assert s.get(d.url("/healthz"), timeout=2).status_code == 200   # kept alive
-        t0 = terminate(d)
+        terminate(d)
         assert wait_exit(d, 3) == 0, d.log()
-        took.append(time.monotonic() - t0)
+        took.append(log_time(d, "info stopped") - log_time(d, "SIGTERM: draining"))
         s.close()
-    assert min(took) < 0.09, took
+    assert min(took) < 0.05, took
 
 
 def test_systemd_readiness_and_stopping_notifications(ops_daemon, tmp_path):
