@@ -509,8 +509,11 @@ check_on_reply(void *arg, const struct store_result *res)
 		    mono_us(), res->link);
 	/* Held while draining too: a verdict that arrives after SIGTERM must
 	 * not pass ahead of the holds already waiting (all are released at
-	 * their turn, or at drain_timeout). */
-	if (ck->ck_verdict.allowed && ck->ck_verdict.delay_ms > 0) {
+	 * their turn, or at drain_timeout). A shadow route holds nothing: a
+	 * hold is enforcement, which it only reports (its delay is charged
+	 * and its headers tell the truth). */
+	if (ck->ck_verdict.allowed && ck->ck_verdict.delay_ms > 0 &&
+	    !ck->ck_route->shadow) {
 		struct timeval tv = tv_us(ck->ck_verdict.delay_ms * 1000);
 
 		/* Shaping: the reply waits for its turn on a loop timer, unless

@@ -80,6 +80,9 @@ struct loader {
 	unsigned		 ncolons;
 	char			**warnings;	/* see struct config */
 	size_t			  nwarnings;
+	/* The route being read says shadow: true (wherever in it): it holds
+	 * no reply, so its limits are not warned about long holds. */
+	int			  in_shadow_route;
 };
 
 static unsigned long config_generation;
@@ -1849,7 +1852,7 @@ limit_finish(struct loader *ld, struct limit_draft *d)
 		l->delay = l->algorithm == ALGORITHM_LEAKY_BUCKET;
 		if (d->delay_nd && get_bool(ld, d->delay_nd, "delay", &l->delay) == -1)
 			bad = 1;
-		if (!bad && l->delay && l->rate_n > 0 &&
+		if (!bad && l->delay && !ld->in_shadow_route && l->rate_n > 0 &&
 		    (long double)(l->quota - 1) * l->rate_period_us / l->rate_n >
 		    LEAKY_HOLD_WARN_US) {
 			/* A gateway gives up on its check long before that:
@@ -2971,6 +2974,23 @@ route_covers(const struct route *a, const struct route *b)
 	}
 }
 
+/* Does this route's mapping say shadow: true? Read ahead of its keys,
+ * which come in any order; a bad value is on_route_shadow's to report. */
+static int
+says_shadow(const struct node *route)
+{
+	if (route->type != NODE_MAPPING)
+		return 0;
+	for (size_t i = 0; i + 1 < route->nitems; i += 2) {
+		const struct node *k = route->items[i], *v = route->items[i + 1];
+
+		if (k->type == NODE_SCALAR && strcmp(k->value, "shadow") == 0 &&
+		    v->type == NODE_SCALAR && v->plain && strcasecmp(v->value, "true") == 0)
+			return 1;
+	}
+	return 0;
+}
+
 static int
 on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 {
@@ -3005,7 +3025,9 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 		memset(&d, 0, sizeof(d));
 		d.node = nd->items[i];
 		d.r.failure_mode = FAILURE_MODE_INHERIT;
+		ld->in_shadow_route = says_shadow(d.node);
 		walk_mapping(ld, d.node, "route", route_keys, &d, &seen);
+		ld->in_shadow_route = 0;
 		if (d.node->type == NODE_MAPPING) {
 			if (d.name_nd == NULL)
 				node_error(ld, d.node, "route: \"name\" is required");

@@ -153,10 +153,13 @@ set_shapes(const struct limit_set *set)
 	return 0;
 }
 
-/* Does the route hold replies (a leaky_bucket with delay: true)? */
+/* Does the route hold replies (a leaky_bucket with delay: true, not on
+ * a shadow route, which holds none)? */
 static int
 route_shapes(const struct route *r)
 {
+	if (r->shadow)
+		return 0;
 	if (set_shapes(&r->limits))
 		return 1;
 	for (size_t i = 0; i < r->noverrides; i++)

@@ -378,12 +378,15 @@ def test_route_info_names_the_routes_in_force(ops_daemon):
         route("smooth", "/s/", '{algorithm: leaky_bucket, rate: "5/s", burst: 5}') +
         route("police", "/p/", '{algorithm: leaky_bucket, rate: "5/s", burst: 5, delay: false}',
               extra="    overrides:\n      - keys: [vip]\n        limits: [{algorithm: "
-                    'leaky_bucket, rate: "9/s", burst: 9, delay: true}]\n')))
+                    'leaky_bucket, rate: "9/s", burst: 9, delay: true}]\n') +
+        route("watch", "/w/", '{algorithm: leaky_bucket, rate: "5/s", burst: 5}',
+              extra="    shadow: true\n")))
     info = {(l["route"], l["shadow"], l["failure_mode"], l["shapes"])
             for n, l, v in scrape(d).samples if n == "ratelimitd_route_info" and v == 1}
     assert info == {("lim", "false", "open", "false"), ("trial", "true", "closed", "false"),
                     ("smooth", "false", "open", "true"),     # delay: true is the default
-                    ("police", "false", "open", "true")}, info  # an override shapes
+                    ("police", "false", "open", "true"),     # an override shapes
+                    ("watch", "true", "open", "false")}, info  # a shadow route holds none
     d.write_policy(policy(route("lim", "/api/", fw(3))))
     assert wait_until(lambda: {l["route"] for n, l, v in scrape(d).samples
                                if n == "ratelimitd_route_info"} == {"lim"}, timeout=5)

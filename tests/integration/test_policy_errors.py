@@ -1009,6 +1009,17 @@ def test_long_leaky_bucket_hold_is_a_warning(tmp_path):
         "(conf/nginx.conf waits 5s), or use delay: false" % path]
 
 
+def test_long_hold_on_a_shadow_route_is_no_warning(tmp_path):
+    """A shadow route holds no reply, wherever its `shadow: true` stands."""
+    for before, after in (("    shadow: true\n", ""), ("", "    shadow: true\n")):
+        path = write(tmp_path, [
+            "routes:", "  - name: r", before.rstrip("\n") or "    key: ip",
+            '    limits: [{ algorithm: leaky_bucket, rate: "1/h", burst: 3 }]',
+            after.rstrip("\n") or "    key: ip"])
+        p = validate(path)
+        assert p.returncode == 0 and p.stderr == b"", p.stderr
+
+
 def test_bare_ipv6_on_a_long_line_and_an_unrelated_error_after_it(tmp_path):
     """From a review of the flow-colon step: a line over 1 KB was not read
     for it, and an error later on the line was reported at the address."""

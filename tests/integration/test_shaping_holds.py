@@ -233,3 +233,24 @@ def send_queue(port):
     """Bytes the kernel holds unsent on the daemon's connection on `port`."""
     rows = tcp_rows(port, "01")
     return int(rows[0][4].split(":")[0], 16) if rows else None
+
+
+def test_a_shadow_route_holds_no_reply(ops_daemon):
+    """A shadow route reports what enforcement would do and always answers
+    200; a hold is enforcement, and held replies on a shadow route timed
+    out a gateway's checks (an audit). Its checks are answered at once,
+    charged and reported as if held (leaky_bucket's queue fills alike)."""
+    d = ops_daemon(policy(route("watch", "/w/", HOLD, extra="    shadow: true\n")))
+    took, remaining = [], []
+    for _ in range(4):
+        s = send_check(d.port, "/check/w/x")
+        t0 = time.monotonic()
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += s.recv(4096)
+        took.append(time.monotonic() - t0)
+        s.close()
+        assert data.startswith(b"HTTP/1.1 200 "), data
+        remaining.append(int(data.split(b"X-RateLimit-Remaining: ")[1].split(b"\r\n")[0]))
+    assert max(took) < 1.0, took       # the 4th would be held 30 s
+    assert remaining == [49, 48, 47, 46], remaining
