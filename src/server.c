@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/ioctl.h>
 #include <sys/queue.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -34,6 +35,7 @@
 
 #include <event2/event.h>
 #include <event2/listener.h>
+#include <linux/sockios.h>
 
 #include "clock.h"
 #include "fmt.h"
@@ -104,6 +106,11 @@ struct conn {
 	size_t		 c_req_len;		/* head + body, once complete */
 	char		*c_out;
 	size_t		 c_out_len, c_out_off, c_out_cap;
+	unsigned long long c_written;		/* bytes ever written */
+	/* What the peer had taken at the idle timer's last look, valid when
+	 * c_delivered_known (see conn_reader_progressed). */
+	unsigned long long c_delivered_seen;
+	int		 c_delivered_known;
 	int		 c_pending;		/* a request is with the handler */
 	int		 c_processing;		/* inside conn_process */
 	int		 c_read_paused;		/* buffer full while pending */
@@ -307,6 +314,16 @@ conn_settle(struct conn *c)
 		server_room(c->c_server);
 }
 
+/* What the peer has taken: bytes written less those the socket holds
+ * (not yet sent, or not yet acknowledged); *queued, those it holds. */
+static unsigned long long
+conn_delivered(const struct conn *c, int *queued)
+{
+	if (ioctl(c->c_fd, SIOCOUTQ, queued) == -1 || *queued < 0)
+		*queued = 0;
+	return c->c_written - (unsigned long long)*queued;
+}
+
 /* Writes queued output; on EAGAIN arms the write event. */
 static void
 conn_flush(struct conn *c)
@@ -317,11 +334,21 @@ conn_flush(struct conn *c)
 
 		if (n > 0) {
 			c->c_out_off += (size_t)n;
+			c->c_written += (unsigned long long)n;
 			continue;
 		}
 		if (n == -1 && errno == EINTR)
 			continue;
 		if (n == -1 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			/* A reader slower than its replies: where it stood when
+			 * the socket filled is what conn_reader_progressed
+			 * compares with (once per backlog, off the fast path). */
+			if (!c->c_delivered_known) {
+				int queued;
+
+				c->c_delivered_seen = conn_delivered(c, &queued);
+				c->c_delivered_known = 1;
+			}
 			event_add(c->c_write_ev, NULL);
 			return;
 		}
@@ -896,6 +923,36 @@ on_read(evutil_socket_t fd, short what, void *arg)
 	conn_settle(c);
 }
 
+/*
+ * Replies wait for a reader that takes them slowly (a client that
+ * pipelined a thousand requests and reads at its own pace): it is not idle
+ * while it takes any, as nginx's send_timeout counts from the last
+ * progress, not over the whole transfer. Progress is seen in steps of
+ * the peer's receive window (64 KiB on loopback), so it is looked for
+ * over a whole idle_timeout: since the socket filled, or since the last
+ * look. With no mark to compare (the socket took everything, the peer's
+ * buffers hold it), the first look sets one and waits another period.
+ * 1 if the reader may stay, the timer re-armed.
+ */
+static int
+conn_reader_progressed(struct conn *c)
+{
+	int queued;
+	unsigned long long delivered = conn_delivered(c, &queued);
+
+	if (c->c_out_len == c->c_out_off && queued == 0) {
+		c->c_delivered_known = 0;
+		return 0;	/* nothing waits for it: idle */
+	}
+	if (c->c_delivered_known && delivered == c->c_delivered_seen)
+		return 0;	/* took nothing in a whole period */
+	c->c_delivered_known = 1;
+	c->c_delivered_seen = delivered;
+	c->c_active_us = mono_coarse_us();
+	idle_arm(c, c->c_server->s_idle_us);
+	return 1;
+}
+
 static void
 on_idle(evutil_socket_t fd, short what, void *arg)
 {
@@ -922,6 +979,8 @@ on_idle(evutil_socket_t fd, short what, void *arg)
 			idle_arm(c, left);
 			return;
 		}
+		if (conn_reader_progressed(c))
+			return;
 	}
 	c->c_dead = 1;	/* idle, lingered out, or not reading its replies */
 	conn_settle(c);

@@ -372,6 +372,29 @@ def test_idle_timeout_closes_connection(start_daemon):
     assert healthy(d)
 
 
+def test_a_slow_reader_taking_its_replies_is_not_idle(start_daemon):
+    """A client that pipelined 2,000 requests and read the replies at its
+    own pace was reset at idle_timeout, most of them unsent (an audit: 142
+    of 2,000 at 20 s), as the socket's buffers held megabytes and no reply
+    was made while they drained. Like nginx's send_timeout, the timer now
+    counts from the last progress: at 300 KB/s the link outlives several
+    idle_timeouts."""
+    d = start_daemon(POL.replace("server:\n", "server:\n  idle_timeout: 1s\n", 1))
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+    try:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 2000)
+        got, t0 = 0, time.monotonic()
+        while time.monotonic() - t0 < 4:
+            chunk = s.recv(30000)
+            assert chunk, "closed after %.1f s, %d bytes" % (time.monotonic() - t0, got)
+            got += len(chunk)
+            time.sleep(0.1)
+        assert got > 500000, got
+    finally:
+        s.close()
+    assert healthy(d)
+
+
 def test_conflicting_content_lengths_rejected(start_daemon, redis_server):
     """RFC 9112 §6.3: differing Content-Length values are an unrecoverable
     error (a request-smuggling vector); the request must not be processed."""
