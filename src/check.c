@@ -918,14 +918,18 @@ check_json(struct worker *w, struct http_request *req)
 			goto out;
 		}
 		json_object_foreach(headers, k, v) {
-			if (!json_is_string(v)) {
-				char esc[128];
+			char esc[128];
 
-				log_escape(esc, sizeof(esc), k, strlen(k));
-				http_reply_json_error(req, 400, "field \"headers.%s\" must "
-				    "be a string", esc);
-				goto out;
-			}
+			if (server_token_ok(k) && json_is_string(v))
+				continue;
+			log_escape(esc, sizeof(esc), k, strlen(k));
+			if (!server_token_ok(k))	/* as /check's head would be */
+				http_reply_json_error(req, 400, "field \"headers\": "
+				    "\"%s\" is not a header name", esc);
+			else
+				http_reply_json_error(req, 400, "field \"headers.%s\" "
+				    "must be a string", esc);
+			goto out;
 		}
 		if ((k = header_named_twice(headers)) != NULL) {
 			char esc[128];

@@ -217,6 +217,13 @@ def test_describe_form_reads_its_headers_as_check_does(start_daemon):
     assert r.status_code == 400 and r.json() == {
         "error": 'field "headers" names "Host" twice (header names are case-insensitive)'}, \
         r.text
+    # a name no HTTP head could carry: /check would refuse it, and so does
+    # this (it was read as some other header, and the key went missing)
+    for name, shown in (("X-Api-Key\r\nX", "X-Api-Key\\x0d\\x0aX"), ("", ""),
+                        ("X Api Key", "X Api Key"), ("X-Api-Key:", "X-Api-Key:")):
+        r = vcheck(d, {"path": "/api/x", "headers": {name: "k1"}})
+        assert r.status_code == 400 and r.json() == {
+            "error": 'field "headers": "%s" is not a header name' % shown}, (name, r.text)
     assert vcheck(d, {"method": "POST", "ip": "192.0.2.1"}).json()["route"] == "posts"
 
 
