@@ -896,13 +896,13 @@ check_json(struct worker *w, struct http_request *req)
 	/* One rule whichever form the body takes: where the route and key
 	 * are named, or the route keys by none, the address goes unused, but
 	 * a caller who sent a bad one hears of it. */
-	if (desc.ip && policy_canonical_ip(desc.ip, strlen(desc.ip), ip,
-	    sizeof(ip)) == -1) {
-		http_reply_json_error(req, 400, "field \"ip\" is not an IP address");
-		goto out;
-	}
-	if (desc.ip)
+	if (desc.ip) {
+		if (policy_canonical_ip(desc.ip, strlen(desc.ip), ip, sizeof(ip)) == -1) {
+			http_reply_json_error(req, 400, "field \"ip\" is not an IP address");
+			goto out;
+		}
 		desc.ip = ip;	/* canonical, where json_describe looks for it */
+	}
 	/* What /check can carry in its 16 KiB head (nginx refuses a request
 	 * line over 8 KiB): each regex route scans the whole path, so a longer
 	 * one only buys a client more of the worker's time. */
@@ -920,10 +920,10 @@ check_json(struct worker *w, struct http_request *req)
 		json_object_foreach(headers, k, v) {
 			char esc[128];
 
-			if (server_token_ok(k) && json_is_string(v))
+			if (config_token_ok(k) && json_is_string(v))
 				continue;
 			log_escape(esc, sizeof(esc), k, strlen(k));
-			if (!server_token_ok(k))	/* as /check's head would be */
+			if (!config_token_ok(k))	/* as /check's head would be */
 				http_reply_json_error(req, 400, "field \"headers\": "
 				    "\"%s\" is not a header name", esc);
 			else

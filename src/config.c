@@ -2358,8 +2358,8 @@ on_match_regex(struct loader *ld, const struct node *nd, const char *key, void *
 	return set_path(ld, nd, key, t, PATH_REGEX);
 }
 
-static int
-valid_token(const char *s)
+int
+config_token_ok(const char *s)
 {
 	static const char tchar[] = "!#$%&'*+-.^_`|~";
 
@@ -2394,7 +2394,7 @@ on_match_methods(struct loader *ld, const struct node *nd, const char *key, void
 			bad = 1;
 			continue;
 		}
-		if (!valid_token(m)) {
+		if (!config_token_ok(m)) {
 			node_error(ld, nd->items[i], "%s: \"%s\" is not an HTTP method",
 			    key, echo(ld, m));
 			free(m);
@@ -2532,7 +2532,7 @@ parse_key_source(struct loader *ld, const struct node *nd, struct key_source *ks
 			 * name in a Cookie header, so "cookie:a=b" would never
 			 * be found. */
 			const char *name = nd->value + pl;
-			int bad_name = named[i].type == KEY_HEADER ? !valid_token(name) :
+			int bad_name = named[i].type == KEY_HEADER ? !config_token_ok(name) :
 			    named[i].type == KEY_COOKIE ? !cookie_name_ok(name) :
 			    *name == '\0';
 
@@ -2944,18 +2944,10 @@ route_covers(const struct route *a, const struct route *b)
 	if (a->nmethods > 0) {
 		if (b->nmethods == 0)
 			return 0;
-		for (size_t i = 0; i < b->nmethods; i++) {
-			/* a's GET takes HEAD with it, as policy_match does;
-			 * b's GET does too, and a's GET covers that. */
-			int head = strcmp(b->methods[i], "HEAD") == 0;
-			size_t j = 0;
-
-			while (j < a->nmethods && strcmp(a->methods[j], b->methods[i]) != 0 &&
-			    !(head && strcmp(a->methods[j], "GET") == 0))
-				j++;
-			if (j == a->nmethods)
+		/* b's GET takes HEAD too, and a's GET covers that */
+		for (size_t i = 0; i < b->nmethods; i++)
+			if (!policy_route_takes_method(a, b->methods[i]))
 				return 0;
-		}
 	}
 	if (a->host && (b->host == NULL || strcmp(a->host, b->host) != 0))
 		return 0;

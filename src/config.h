@@ -208,5 +208,7 @@ int config_parse_duration(const char *s, long long *us, const char **cause);
 int config_parse_rate(const char *s, long long *n, long long *period_us,
     const char **cause);
 int config_parse_cidr(const char *s, struct cidr *out);
+/* Is s an HTTP token (RFC 9110 5.6.2), as a method or header name is? */
+int config_token_ok(const char *s);
 
 #endif

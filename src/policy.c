@@ -151,6 +151,21 @@ host_matches(const struct host_parts *w, const struct host_parts *h)
 	    memcmp(w->port, h->port, w->portlen) == 0);
 }
 
+int
+policy_route_takes_method(const struct route *r, const char *method)
+{
+	/* HEAD is GET without the body (RFC 9110 9.3.2), served by the same
+	 * handler: a GET limit that a HEAD stepped around would limit
+	 * nothing. nginx's limit_except GET takes HEAD with it too. */
+	int head = strcasecmp(method, "HEAD") == 0;
+
+	for (size_t j = 0; j < r->nmethods; j++)
+		if (strcasecmp(r->methods[j], method) == 0 ||
+		    (head && strcmp(r->methods[j], "GET") == 0))
+			return 1;
+	return 0;
+}
+
 const struct route *
 policy_match(const struct config *config, const struct check_input *in)
 {
@@ -176,21 +191,8 @@ policy_match(const struct config *config, const struct check_input *in)
 				continue;
 			break;
 		}
-		if (r->nmethods) {
-			/* HEAD is GET without the body (RFC 9110 9.3.2), served
-			 * by the same handler: a GET limit that a HEAD stepped
-			 * around would limit nothing. nginx's limit_except GET
-			 * takes HEAD with it too. */
-			int head = strcasecmp(in->method, "HEAD") == 0;
-			size_t j;
-
-			for (j = 0; j < r->nmethods; j++)
-				if (strcasecmp(r->methods[j], in->method) == 0 ||
-				    (head && strcmp(r->methods[j], "GET") == 0))
-					break;
-			if (j == r->nmethods)
-				continue;
-		}
+		if (r->nmethods && !policy_route_takes_method(r, in->method))
+			continue;
 		if (r->host) {
 			if (in->host == NULL)
 				continue;

@@ -37,6 +37,9 @@ const char *policy_origin_form(const char *uri);
 /* Splits a Host value into its parts (struct host_parts). */
 void policy_host_split(const char *host, struct host_parts *out);
 
+/* Does r's match.methods list method (GET takes HEAD with it)? r must
+ * list some. */
+int policy_route_takes_method(const struct route *r, const char *method);
 const struct route *policy_match(const struct config *config,
     const struct check_input *in);
 

@@ -497,17 +497,6 @@ is_tchar(int ch)
 	return tchar_table[(unsigned char)ch];
 }
 
-int
-server_token_ok(const char *s)
-{
-	if (*s == '\0')
-		return 0;
-	for (; *s; s++)
-		if (!is_tchar((unsigned char)*s))
-			return 0;
-	return 1;
-}
-
 /* The length of the head including its blank line, or 0 if incomplete.
  * Bare LF line ends are accepted. */
 static size_t

@@ -36,8 +36,6 @@ void server_drain(struct server *srv);
 /* Is a reply still going out, or a request coming in (read, or waiting
  * in a socket)? */
 int server_busy(struct server *srv);
-/* Is s an HTTP token (RFC 9110 5.6.2), as a header name must be? */
-int server_token_ok(const char *s);
 /* Closes every connection. Every request must have been answered. */
 void server_free(struct server *srv);
 

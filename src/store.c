@@ -762,21 +762,22 @@ static void
 on_watchdog(evutil_socket_t fd, short what, void *arg)
 {
 	struct store *st = arg;
+	long long now = mono_us();
 
 	(void)fd;
 	(void)what;
 	if (st->st_flapping && st->st_state == STORE_UP && !st->st_stalled &&
-	    mono_us() - st->st_up_us >= STORE_STEADY_US) {
+	    now - st->st_up_us >= STORE_STEADY_US) {
 		log_info("%s: connected (the link has held for %lld ms)", st->st_who,
 		    STORE_STEADY_US / 1000);
 		st->st_flapping = 0;
 		st->st_backoff_us = STORE_BACKOFF_MIN_US;
 		st->st_logged_down = 0;
 	}
-	keep_alive(st, mono_us());
+	keep_alive(st, now);
 	if (st->st_state == STORE_UP && (st->st_inflight > 0 || !st->st_answered ||
-	    st->st_pinging) && mono_us() - st->st_progress_us > st->st_stall_us) {
-		long long silent_ms = (mono_us() - st->st_progress_us) / 1000;
+	    st->st_pinging) && now - st->st_progress_us > st->st_stall_us) {
+		long long silent_ms = (now - st->st_progress_us) / 1000;
 
 		if (!st->st_stalled) {		/* said once, when it began */
 			if (st->st_inflight > 0)

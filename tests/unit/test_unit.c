@@ -75,6 +75,20 @@ load_errors(const char *text, struct config_errors *errors)
 	return errors->n;
 }
 
+/* Loads text expecting success, ready for policy_match; NULL, a failed
+ * CHECK, when it does not load. */
+static struct config *
+load_prepared(const char *text)
+{
+	struct config_errors e;
+	struct config *c = load(text, &e);
+
+	CHECK(c != NULL);
+	if (c != NULL)
+		policy_prepare(c);
+	return c;
+}
+
 static int
 has_error(const struct config_errors *e, const char *pos, const char *needle)
 {
@@ -378,8 +392,7 @@ fake_lookup(void *ctx, const char *name, unsigned nth)
 static void
 test_routes_and_keys(void)
 {
-	struct config_errors e;
-	struct config *c = load(good_policy, &e);
+	struct config *c = load_prepared(good_policy);
 	struct fake_headers h = { { "X-Api-Key", "Cookie" }, { "  k1 ", "a=b; sid=\"s9\"" } };
 	struct check_input in = { "GET", "/api/users", "id=7&key=q%20v", "api.example.com:8443",
 	    "203.0.113.7", fake_lookup, &h };
@@ -388,11 +401,8 @@ test_routes_and_keys(void)
 	size_t keylen;
 	char buf[128];
 
-	if (c == NULL) {
-		CHECK(c != NULL);
+	if (c == NULL)
 		return;
-	}
-	policy_prepare(c);
 	r = policy_match(c, &in);
 	CHECK(r && strcmp(r->name, "api") == 0);
 	CHECK(policy_route_keys_by_ip(r));	/* its last key source */
@@ -476,22 +486,18 @@ test_routes_and_keys(void)
 static void
 test_methods(void)
 {
-	struct config_errors e;
-	struct config *c = load("routes:\n"
+	struct config *c = load_prepared("routes:\n"
 	    "  - name: reads\n"
 	    "    match: { prefix: /r/, methods: [get] }\n"
 	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n"
 	    "  - name: heads\n"
 	    "    match: { prefix: /h/, methods: [HEAD] }\n"
-	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n", &e);
+	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n");
 	struct check_input in = { "head", "/r/x", NULL, NULL, "203.0.113.7", NULL, NULL };
 	const struct route *r;
 
-	if (c == NULL) {
-		CHECK(c != NULL);
+	if (c == NULL)
 		return;
-	}
-	policy_prepare(c);
 	r = policy_match(c, &in);
 	CHECK(r && strcmp(r->name, "reads") == 0);
 	in.method = "GET";
@@ -520,8 +526,7 @@ test_regex_routes(void)
 		{ "/end.json", "end" }, { "/x/end.json", "end" },
 		{ "/x/end.jsonx", NULL }, { "/ABC/x", NULL }, { "/%0a", NULL },
 	};
-	struct config_errors e;
-	struct config *c = load("routes:\n"
+	struct config *c = load_prepared("routes:\n"
 	    "  - name: mid\n"
 	    "    match: { regex: '[a-z]+/x' }\n"
 	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n"
@@ -530,14 +535,11 @@ test_regex_routes(void)
 	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n"
 	    "  - name: end\n"
 	    "    match: { regex: '\\.json$' }\n"
-	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n", &e);
+	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n");
 	struct check_input in = { "GET", NULL, NULL, NULL, "203.0.113.7", NULL, NULL };
 
-	if (c == NULL) {
-		CHECK(c != NULL);
+	if (c == NULL)
 		return;
-	}
-	policy_prepare(c);
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		const struct route *r;
 
