@@ -46,7 +46,8 @@ local ALGORITHMS = {}
 -- The call, read and checked whole before anything is decided, so a
 -- malformed call is refused having changed nothing:
 --
---   ARGV[2]    S, the number of limit sets the call uses (>= 1)
+--   ARGV[2]    S, the number of limit sets the call uses (>= 1; 0 only in
+--              the link's probe, a call of no sets and no checks)
 --   S times:   n (>= 1), then n times: algorithm name, a, b, c
 --   per check: the index of its set (1..S), its cost (integer >= 1)
 --
@@ -84,7 +85,7 @@ do
   local nargv = #ARGV
   local nsets = argnum(ARGV[2])
   local arg, nlimits = 3, 0
-  if nsets == nil or nsets < 1 or nsets ~= floor(nsets) or 2 + 5 * nsets > nargv then
+  if nsets == nil or nsets < 0 or nsets ~= floor(nsets) or 2 + 5 * nsets > nargv then
     BAD = 'bad set count'
   else
     for s = 1, nsets do

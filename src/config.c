@@ -841,6 +841,20 @@ node_type_name(const struct node *nd)
 	}
 }
 
+/* YAML 1.2's booleans (its 1.1 yes, no, on and off are text): 1 for a
+ * false, 2 for a true, 0 for any other text. */
+static int
+is_bool_word(const char *s)
+{
+	static const char *const words[] = { "false", "False", "FALSE",
+	    "true", "True", "TRUE" };
+
+	for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
+		if (strcmp(s, words[i]) == 0)
+			return i < 3 ? 1 : 2;
+	return 0;
+}
+
 static int
 want_scalar(struct loader *ld, const struct node *nd, const char *key)
 {
@@ -855,6 +869,15 @@ get_string(struct loader *ld, const struct node *nd, const char *key, char **out
 {
 	if (want_scalar(ld, nd, key) == -1)
 		return -1;
+	/* A bare true or false is YAML's boolean, as get_bool reads it, so
+	 * text there is a type mixed up, not a name. A number keeps its
+	 * text as written ("v2", 404 and 1.50 lose nothing). */
+	if (nd->plain && is_bool_word(nd->value)) {
+		node_error(ld, nd, "%s: expected text, got the boolean %s (quote "
+		    "it if you mean the word: \"%s\")", key, nd->value,
+		    nd->value);
+		return -1;
+	}
 	free(*out);
 	*out = xstrdup(nd->value);
 	return 0;
@@ -864,6 +887,7 @@ static int
 get_int(struct loader *ld, const struct node *nd, const char *key,
     long long min, long long max, long long *out)
 {
+	const char *digits;
 	char *end;
 	long long v;
 
@@ -889,6 +913,16 @@ get_int(struct loader *ld, const struct node *nd, const char *key,
 		    echo(ld, nd->value));
 		return -1;
 	}
+	/* YAML 1.1 (and so PyYAML, and yq's older modes) reads 010 as octal
+	 * 8, YAML 1.2 as 10: a value some of the user's own tools would read
+	 * otherwise is refused rather than guessed. */
+	digits = nd->value + (nd->value[0] == '-' || nd->value[0] == '+');
+	if (digits[0] == '0' && isdigit((unsigned char)digits[1])) {
+		node_error(ld, nd, "%s: \"%s\" has a leading zero, which YAML "
+		    "1.1 reads as octal: write %lld without it", key,
+		    echo(ld, nd->value), v);
+		return -1;
+	}
 	if (v < min || v > max) {
 		node_error(ld, nd, "%s: %lld is out of range [%lld, %lld]", key, v,
 		    min, max);
@@ -901,23 +935,19 @@ get_int(struct loader *ld, const struct node *nd, const char *key,
 static int
 get_bool(struct loader *ld, const struct node *nd, const char *key, int *out)
 {
-	static const char *const words[] = { "false", "False", "FALSE",
-	    "true", "True", "TRUE" };
-	size_t i;
+	int word;
 
 	if (want_scalar(ld, nd, key) == -1)
 		return -1;
-	for (i = 0; i < sizeof(words) / sizeof(words[0]); i++)
-		if (strcmp(nd->value, words[i]) == 0)
-			break;
-	if (nd->plain && i < sizeof(words) / sizeof(words[0])) {
-		*out = i >= 3;
+	word = is_bool_word(nd->value);
+	if (nd->plain && word) {
+		*out = word == 2;
 		return 0;
 	}
 	if (!nd->plain)
 		node_error(ld, nd, "%s: expected true or false, got the string "
 		    "\"%s\"%s", key, echo(ld, nd->value),
-		    i < sizeof(words) / sizeof(words[0]) ? " (remove the quotes)" : "");
+		    word ? " (remove the quotes)" : "");
 	else
 		node_error(ld, nd, "%s: expected true or false, got \"%s\"", key,
 		    echo(ld, nd->value));

@@ -257,10 +257,12 @@ link_answered(struct store *st, int checks_written)
 	}
 }
 
-/* The call every new link makes once the script is loaded: zero checks,
- * so it charges nothing, but Redis holds it exactly as it would hold a
- * check (CLIENT PAUSE WRITE holds every script call), and its answer
- * makes the link ready even when no check comes. */
+/* The call every new link makes once the script is loaded: no limit sets
+ * and no checks (keys 0, time 0, sets 0), so it charges nothing, and the
+ * script answers it with an empty array, not an error that would count in
+ * Redis's errorstats. Redis holds it exactly as it would hold a check
+ * (CLIENT PAUSE WRITE holds every script call), and its answer makes the
+ * link ready even when no check comes. */
 static void
 on_probe_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
@@ -406,8 +408,8 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 		 * on the link is answered: the stall watchdog covers it as
 		 * !st_answered, or a link gone silent would stay unready for
 		 * as long as no check arrives. */
-		redisAsyncCommand(ac, on_probe_reply, NULL, "EVALSHA %s 0 0",
-		    st->st_sha);
+		redisAsyncCommand(ac, on_probe_reply, NULL,
+		    "EVALSHA %s 0 0 0", st->st_sha);
 	}
 }
 

@@ -258,7 +258,9 @@ worker_new(int id, int listen_fd, struct config *config)
 	 * listening socket, never closed while it runs. */
 	if ((cfg = event_config_new()) == NULL)
 		fatalx("worker %d: cannot create an event config", id);
+#ifndef RATELIMITD_NO_EPOLL_CHANGELIST	/* make tsan */
 	event_config_set_flag(cfg, EVENT_BASE_FLAG_EPOLL_USE_CHANGELIST);
+#endif
 	w->w_base = event_base_new_with_config(cfg);
 	event_config_free(cfg);
 	if (w->w_base == NULL)

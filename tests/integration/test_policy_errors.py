@@ -608,6 +608,17 @@ def test_long_values_are_cut_in_messages(tmp_path):
      'deny_status: expected an integer, got the string "403" (remove the quotes)'),
     (3, '  ietf_headers: "true"', '"true"',
      'ietf_headers: expected true or false, got the string "true" (remove the quotes)'),
+    # a boolean where text goes is a type mixed up, and a leading zero is
+    # octal to YAML 1.1 readers: neither is guessed at
+    (10, "  - name: true", "true",
+     'name: expected text, got the boolean true (quote it if you mean the word: "true")'),
+    (11, "    match: { prefix: /api/, methods: [GET, False] }", "False",
+     'methods: expected text, got the boolean False (quote it if you mean the word: "False")'),
+    (22, "        limit: 010", "010",
+     'limit: "010" has a leading zero, which YAML 1.1 reads as octal: write 10 without it'),
+    (3, "  deny_status: -0429", "-0429",
+     'deny_status: "-0429" has a leading zero, which YAML 1.1 reads as octal: '
+     'write -429 without it'),
     # quotes are not the problem here, so no advice to remove them
     (22, '        limit: "many"', '"many"', 'limit: expected an integer, got the string "many"'),
     (22, "        limit: many", "many", 'limit: expected an integer, got "many"'),

@@ -82,6 +82,19 @@ def test_healthz_readyz(start_daemon, redis_server, tmp_path):
         back.stop()
 
 
+def test_connecting_leaves_no_error_in_redis(start_daemon, redis_server):
+    """The daemon's links and checks leave Redis's error counters at zero:
+    operators alert on errorstats and failed_calls, and each link's probe
+    used to add one there."""
+    r = redis_server.client()
+    r.config_resetstat()
+    d = start_daemon(policy(route("r", "/"), server="  workers: 2\n"))
+    for _ in range(3):
+        assert check(d, "/check/x").status_code == 200
+    assert r.info("errorstats") == {}, r.info("errorstats")
+    assert r.info("commandstats")["cmdstat_evalsha"]["failed_calls"] == 0
+
+
 @pytest.fixture(scope="module")
 def ops_shared(tmp_path_factory):
     yield from shared_daemon(tmp_path_factory, SIMPLE)

@@ -357,7 +357,8 @@ MALFORMED = [
     # call is: set count, the sets (limit count, then algorithm, a, b, c
     # per limit), then per check its set's index and its cost.
     ("no sets", [], [], "bad set count"),
-    ("zero sets", [], ["0"], "bad set count"),
+    ("zero sets, a check", [], ["0", "1", "1"], "bad set index"),
+    ("zero sets, a key", ["a"], ["0"], "more keys than limits"),
     ("set count not a number", ["a"], ["x", "1", *FW, "1", "1"], "bad set count"),
     ("set count not an integer", ["a"], ["1.5", "1", *FW, "1", "1"], "bad set count"),
     ("set count huge", ["a"], ["1e9", "1", *FW, "1", "1"], "bad set count"),
@@ -432,3 +433,16 @@ def test_malformed_batch_is_an_error(redis_server, name, keys, argv, error):
     assert L.call_batch([(["m:{y}:a"], [("fixed_window", 5, 10 * S, 0)], 1)] * 2,
                         int(T)) == [[1, int(T) // MS, 1, 4, 7500, 0, 0],
                                     [1, int(T) // MS, 1, 3, 7500, 0, 0]]
+
+
+def test_the_links_probe_is_answered_without_an_error(redis_server):
+    """Each new link's probe (`EVALSHA sha 0 0 0`: no keys, time 0, no sets, no checks) gets an
+    empty answer: an error there showed in Redis's errorstats and in
+    EVALSHA's failed_calls once per connect, where operators alert."""
+    r = redis_server.client()
+    L = limits_script.Limits(r)
+    r.config_resetstat()
+    assert r.evalsha(L.sha, 0, "0", "0") == []
+    assert r.dbsize() == 0
+    assert r.info("errorstats") == {}
+    assert r.info("commandstats")["cmdstat_evalsha"]["failed_calls"] == 0
