@@ -120,7 +120,7 @@ http_dispatch(struct http_request *req, void *arg)
 		return;
 	}
 	if (PATH_IS("/healthz"))
-		request_reply(req, 200, "text/plain", "ok\n", 3);
+		request_reply(req, 200, "text/plain", "ok", 2);
 	else if (PATH_IS("/readyz"))
 		serve_readyz(w, req);
 	else if (PATH_IS("/metrics"))

@@ -96,17 +96,6 @@ print_errors(struct config_errors *errors)
 		fprintf(stderr, "%s\n", errors->lines[i]);
 }
 
-/* SIG_BLOCK or SIG_UNBLOCK SIGHUP for the calling thread. */
-static void
-hold_sighup(int how)
-{
-	sigset_t hup;
-
-	sigemptyset(&hup);
-	sigaddset(&hup, SIGHUP);
-	pthread_sigmask(how, &hup, NULL);
-}
-
 static void
 log_warnings(const struct config *c)
 {
@@ -429,6 +418,18 @@ static const struct {
 };
 #define NHANDLED_SIGNALS (sizeof(handled_signals) / sizeof(handled_signals[0]))
 
+/* SIG_BLOCK or SIG_UNBLOCK the handled signals for the calling thread. */
+static void
+hold_handled_signals(int how)
+{
+	sigset_t set;
+
+	sigemptyset(&set);
+	for (size_t i = 0; i < NHANDLED_SIGNALS; i++)
+		sigaddset(&set, handled_signals[i].signo);
+	pthread_sigmask(how, &set, NULL);
+}
+
 static const char *
 signal_name(int sig)
 {
@@ -559,12 +560,8 @@ static void
 ignore_handled_signals(struct event **sigs)
 {
 	struct sigaction ign;
-	sigset_t set;
 
-	sigemptyset(&set);
-	for (size_t i = 0; i < NHANDLED_SIGNALS; i++)
-		sigaddset(&set, handled_signals[i].signo);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	hold_handled_signals(SIG_BLOCK);
 	memset(&ign, 0, sizeof(ign));
 	ign.sa_handler = SIG_IGN;
 	for (size_t i = 0; i < NHANDLED_SIGNALS; i++) {
@@ -581,6 +578,9 @@ run(const char *path)
 	struct event *sigs[NHANDLED_SIGNALS];
 	struct sigaction sa;
 
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = SIG_IGN;
+	sigaction(SIGPIPE, &sa, NULL);
 	memset(&env, 0, sizeof(env));
 	env.inotify_fd = -1;
 	if (stat(path, &env.loaded_stat) == -1)
@@ -596,9 +596,6 @@ run(const char *path)
 	metrics_show_policy(env.config);
 	policy_prepare(env.config);
 
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = SIG_IGN;
-	sigaction(SIGPIPE, &sa, NULL);
 	if (evthread_use_pthreads() == -1)
 		fatalx("libevent has no pthreads support");
 	if ((env.base = event_base_new()) == NULL)
@@ -627,7 +624,7 @@ run(const char *path)
 		    on_signal, &env);
 		event_add(sigs[i], NULL);
 	}
-	hold_sighup(SIG_UNBLOCK);	/* blocked in main() */
+	hold_handled_signals(SIG_UNBLOCK);	/* blocked in main() */
 	watch_policy_file(&env);
 	log_info("ratelimitd %s listening on %s with %d worker%s, redis %s, "
 	    "%zu route%s", RATELIMITD_VERSION, env.config->listen, env.nworkers,
@@ -713,12 +710,14 @@ main(int argc, char **argv)
 	const char *path = NULL;
 	int test_only = 0, ch;
 
-	/* A SIGHUP before its handler is in place (`systemctl reload` just
-	 * after start) would end the process: held back from the first
-	 * instruction of ours until run() has the handler, it then reloads.
-	 * The workers, started meanwhile, keep it blocked, so it is always
-	 * the main thread's. */
-	hold_sighup(SIG_BLOCK);
+	/* A signal before its handler is in place would take its default
+	 * action: a SIGHUP (`systemctl reload` just after start) or a
+	 * SIGUSR1 (a log rotation) would end the process, and a SIGTERM
+	 * while a large policy loads would end it with 143, not 0. Held
+	 * back from the first instruction of ours until run() has the
+	 * handlers, each is then acted on. The workers, started meanwhile,
+	 * keep them blocked, so they are always the main thread's. */
+	hold_handled_signals(SIG_BLOCK);
 	standard_streams_open();
 	event_set_log_callback(on_libevent_log);
 
@@ -781,7 +780,10 @@ main(int argc, char **argv)
 	}
 	if (test_only) {
 		struct config_errors errors;
-		struct config *c = config_load(path, &errors);
+		struct config *c;
+
+		hold_handled_signals(SIG_UNBLOCK);	/* Ctrl-C ends a check */
+		c = config_load(path, &errors);
 
 		if (c == NULL) {
 			print_errors(&errors);

@@ -238,7 +238,7 @@ def status_of(raw):
 
 def healthy(d):
     r = requests.get(d.url("/healthz"), timeout=2)
-    return r.status_code == 200 and r.text.strip() == "ok"
+    return r.status_code == 200 and r.text == "ok"
 
 
 def validate(path, timeout=20):

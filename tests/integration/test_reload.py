@@ -751,7 +751,8 @@ def test_change_while_a_reload_reads_is_loaded_in_turn(ops_daemon):
 
 
 def sighup_blocked(pid):
-    """Whether the process's main thread holds SIGHUP back (SigBlk bit 0)."""
+    """Whether the process's main thread holds SIGHUP back (SigBlk bit 0),
+    as it does the other handled signals from the same instruction."""
     try:
         with open("/proc/%d/status" % pid) as f:
             for line in f:
@@ -780,6 +781,32 @@ def test_sighup_during_startup_reloads_instead_of_killing(redis_server, tmp_path
         assert d.alive()
         assert wait_until(lambda: "reload (SIGHUP)" in d.log(), timeout=5), d.log()
         assert counted(d, "k1") == 200
+    finally:
+        assert d.stop() == 0, d.log()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT,
+                                 signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE],
+                         ids=lambda s: s.name)
+def test_a_signal_during_startup_is_acted_on_not_fatal(redis_server, tmp_path, sig):
+    """A signal that arrives while a large policy loads (a pod stopped at
+    once, a log rotation's SIGUSR1) took its default action: the daemon
+    died by it (143 for SIGTERM) instead of draining and exiting 0, or
+    ignoring it (an audit)."""
+    d = Daemon(tmp_path, redis_server.port, policy(route("api", "/api/", fw(3))
+                                                    + slow_routes()))
+    d.logf = open(d.log_path, "ab")
+    d.proc = subprocess.Popen([d.bin, "-c", d.policy_path], stdout=d.logf, stderr=d.logf)
+    try:
+        wait_until(lambda: sighup_blocked(d.proc.pid), timeout=0.05, interval=0.001)
+        d.signal(sig)
+        if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            assert d.proc.wait(15) == 0, d.log()
+            assert "%s: draining" % sig.name in d.log(), d.log()
+            return
+        assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=1).ok,
+                          timeout=15), "daemon not ready:\n" + d.log()
+        assert d.alive()
     finally:
         assert d.stop() == 0, d.log()
 
