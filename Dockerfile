@@ -1,8 +1,13 @@
 # ratelimitd container image.
 #
 #   docker build -t ratelimitd .
-#   docker run --rm -v "$PWD/conf/ratelimitd.yaml:/etc/ratelimitd/ratelimitd.yaml:ro" \
+#   docker run --rm --network host -v "$PWD/conf:/etc/ratelimitd:ro" \
 #       -e REDIS_PASSWORD ratelimitd
+#
+# --network host makes the policy's 127.0.0.1 addresses (listen, and a
+# Redis on the host) the host's. The directory is mounted, not the file: a
+# file mounted alone stays the inode it was at `docker run`, and an editor
+# that saves by renaming leaves the container the old one.
 #
 # Two stages on Debian 12: the first builds with the project's own Makefile,
 # the second carries only the binary and the shared libraries it links.
@@ -45,8 +50,10 @@ COPY --from=build /src/build/ratelimitd /usr/local/bin/ratelimitd
 RUN ! ldd /usr/local/bin/ratelimitd | grep 'not found' \
  && /usr/local/bin/ratelimitd -v
 
-# A default policy, so that `docker run` works out of the box. Mount your own
-# over it, read-only, at the same path. The daemon re-reads the file when it
+# A default policy, so that the image starts without a mount. Its Redis,
+# 127.0.0.1:6379, is the container's own loopback unless the container
+# shares a network namespace with one: until then every check fails open.
+# Mount your own directory over /etc/ratelimitd, read-only. The daemon re-reads the file when it
 # changes, including the symlink swap of a Kubernetes ConfigMap, and on
 # SIGHUP (`docker kill -s HUP`). The Redis password comes from the
 # environment (REDIS_PASSWORD, or whatever redis.password_env names), never
