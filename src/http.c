@@ -104,10 +104,13 @@ http_dispatch(struct http_request *req, void *arg)
 		check_forward(w, req, uri + 6);
 		return;
 	}
+	/* A method these paths do not serve is "anything else" to SPEC 3.3,
+	 * so a 404; Allow and the error still say which method would do. */
 	if (PATH_IS("/v1/check")) {
 		if (strcmp(method, "POST") != 0) {
 			request_add_header(req, "Allow", "POST");
-			http_reply_json_error(req, 405, "use POST for /v1/check");
+			http_reply_json_error(req, 404, "not found: /v1/check "
+			    "answers POST, with a JSON body");
 			return;
 		}
 		check_json(w, req);
@@ -116,7 +119,8 @@ http_dispatch(struct http_request *req, void *arg)
 	if (!get && (PATH_IS("/healthz") || PATH_IS("/readyz") ||
 	    PATH_IS("/metrics") || PATH_IS("/v1/policy"))) {
 		request_add_header(req, "Allow", "GET, HEAD");
-		http_reply_json_error(req, 405, "use GET");
+		http_reply_json_error(req, 404, "not found: this path answers "
+		    "GET and HEAD");
 		return;
 	}
 	if (PATH_IS("/healthz"))

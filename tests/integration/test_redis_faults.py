@@ -107,6 +107,23 @@ def test_unknown_paths_404(ops_shared, path):
     assert requests.get(d.url(path), timeout=2).status_code == 404
 
 
+@pytest.mark.parametrize("method,path,allow", [
+    ("POST", "/healthz", "GET, HEAD"), ("DELETE", "/readyz", "GET, HEAD"),
+    ("POST", "/metrics", "GET, HEAD"), ("PUT", "/v1/policy", "GET, HEAD"),
+    ("GET", "/v1/check", "POST"), ("HEAD", "/v1/check", "POST")])
+def test_another_method_on_an_endpoint_is_404_with_allow(ops_shared, method, path, allow):
+    """SPEC 3.3: anything but the endpoints' own methods is a 404; Allow
+    and the error say which method would do."""
+    d = ops_shared[0]
+    r = requests.request(method, d.url(path), timeout=2)
+    assert r.status_code == 404 and r.headers["Allow"] == allow, (r.status_code, r.headers)
+    if method != "HEAD":
+        assert r.json()["error"].startswith("not found: "), r.text
+    for ok_method in allow.split(", "):
+        if path != "/v1/check":
+            assert requests.request(ok_method, d.url(path), timeout=2).status_code in (200, 503)
+
+
 def test_policy_endpoint(start_daemon):
     d = start_daemon(SIMPLE)
     r = requests.get(d.url("/v1/policy"), timeout=2)
