@@ -795,8 +795,21 @@ json_describe(const struct config *c, struct http_request *req,
 {
 	const char *uri = d->uri;
 
-	if (d->ip == NULL)
-		request_client_ip(c, req, ip, iplen);
+	if (d->ip == NULL) {
+		const char *xff = json_header_lookup(d->headers,
+		    "X-Forwarded-For", 0);
+		const char *real_ip = json_header_lookup(d->headers,
+		    "X-Real-IP", 0);
+
+		/* The described request's forwarding headers count as /check
+		 * counts a gateway's: walked from the caller's own address,
+		 * so only a caller in trusted_proxies is believed. */
+		if ((xff && *xff) || (real_ip && *real_ip))
+			policy_client_ip(c, request_peer(req), xff, real_ip, ip,
+			    iplen);
+		else
+			request_client_ip(c, req, ip, iplen);
+	}
 	if (uri == NULL || *uri == '\0')
 		uri = first_present(json_header_lookup, d->headers,
 		    "X-Original-URI", "X-Forwarded-Uri", "/");

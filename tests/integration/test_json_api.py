@@ -439,3 +439,29 @@ def test_query_key_that_is_not_utf8(start_daemon):
     r = requests.get(d.url("/check/q/x?k=%FF"), timeout=2)
     assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "1"
     assert requests.get(d.url("/healthz"), timeout=2).status_code == 200
+
+
+def test_described_forwarding_headers_count_as_check_counts_them(start_daemon):
+    """SPEC 3.2: the described request is "resolved exactly like the
+    forward-auth check": with no `ip`, its X-Forwarded-For / X-Real-IP in
+    `headers` name the client when the caller is a trusted proxy (they
+    were ignored, and every such check counted the caller's address)."""
+    d = start_daemon(JSON_POLICY)
+    v = vcheck(d, {"path": "/ip/x", "headers": {"X-Forwarded-For": "203.0.113.5"}}).json()
+    assert v["key"] == "203.0.113.5", v
+    v = vcheck(d, {"path": "/ip/x", "headers": {"x-real-ip": "203.0.113.6"}}).json()
+    assert v["key"] == "203.0.113.6", v
+    # walked right to left past trusted hops, as /check walks them
+    v = vcheck(d, {"path": "/ip/x", "headers": {
+        "X-Forwarded-For": "198.51.100.1, 203.0.113.7, 127.0.0.1"}}).json()
+    assert v["key"] == "203.0.113.7", v
+    # `ip`, when given, is the client
+    v = vcheck(d, {"path": "/ip/x", "ip": "198.51.100.2",
+                   "headers": {"X-Forwarded-For": "203.0.113.5"}}).json()
+    assert v["key"] == "198.51.100.2", v
+
+
+def test_described_forwarding_headers_of_an_untrusted_caller_are_ignored(start_daemon):
+    d = start_daemon(JSON_POLICY.replace("routes:\n", "trusted_proxies: [10.0.0.0/8]\nroutes:\n", 1))
+    v = vcheck(d, {"path": "/ip/x", "headers": {"X-Forwarded-For": "203.0.113.5"}}).json()
+    assert v["key"] == "127.0.0.1", v
