@@ -164,6 +164,7 @@ struct store {
 
 static void store_connect(struct store *);
 static void store_drop(struct store *, const char *);
+static void handshake_refused(struct store *, const char *, const char *);
 
 int
 store_behind(const struct store *st, long long within_us)
@@ -253,6 +254,9 @@ link_answered(struct store *st, int checks_written)
 	}
 	if (!st->st_answered) {
 		st->st_answered = 1;
+		/* Not at the handshake's end: the probe can still be refused,
+		 * and that outage is said once too. */
+		st->st_logged_handshake = 0;
 		report_state(st);
 	}
 }
@@ -267,10 +271,20 @@ static void
 on_probe_reply(redisAsyncContext *ac, void *r, void *privdata)
 {
 	struct store *st = ac->data;
+	redisReply *reply = r;
 
 	(void)privdata;
-	if (r == NULL || st == NULL || st->st_ac != ac)
+	if (reply == NULL || st == NULL || st->st_ac != ac)
 		return;
+	/* An ACL user without EVALSHA: every check would fail the same way,
+	 * so the link is refused as a wrong password is, and /readyz says
+	 * so. Other errors (BUSY, a proxy that wants a key) still mean Redis
+	 * answers; the checks report their own. */
+	if (reply->type == REDIS_REPLY_ERROR &&
+	    strncmp(reply->str, "NOPERM", 6) == 0) {
+		handshake_refused(st, "EVALSHA of the limits script", reply->str);
+		return;
+	}
 	link_answered(st, 0);
 }
 
@@ -402,7 +416,6 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 			log_debug("%s: connected again; waiting for %s",
 			    st->st_who, st->st_stalled ? "an answer" :
 			    "the link to hold");
-		st->st_logged_handshake = 0;
 		set_state(st, STORE_UP);
 		/* Redis answers in order, so until it answers this no call
 		 * on the link is answered: the stall watchdog covers it as

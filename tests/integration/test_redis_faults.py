@@ -1315,3 +1315,24 @@ def test_an_idle_link_is_kept_alive(start_daemon, redis_server):
     assert [cl["id"] for cl in after] == [before[0]["id"]], (before, after)
     assert after[0]["cmd"] == "ping", after
     assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+
+
+def test_a_user_without_evalsha_is_not_ready(start_daemon, redis_server):
+    """An ACL user that may not run EVALSHA fails every check: the link's
+    probe found that out and /readyz still said up (left open by an
+    earlier review). The link is now refused, said once, and retried."""
+    rc = redis_server.client()
+    rc.execute_command("ACL", "SETUSER", "noeval", "on", ">noeval-pw", "~*",
+                       "+@all", "-evalsha")
+    d = start_daemon(policy(route("r", "/"),
+                            redis="  username: noeval\n  password_env: RL_NOEVAL\n"),
+                     env={"RL_NOEVAL": "noeval-pw"}, wait_ready=False)
+    assert wait_until(lambda: "EVALSHA of the limits script failed: NOPERM" in d.log(),
+                      timeout=5), d.log()
+    time.sleep(1.5)
+    assert not ready(d), d.log()
+    assert d.log().count("NOPERM") == 1, d.log()
+    assert_fail_open(d, n=3)
+    # given the command, the next attempt takes the link up
+    rc.execute_command("ACL", "SETUSER", "noeval", "+evalsha")
+    assert wait_until(lambda: ready(d), timeout=5), d.log()
