@@ -763,18 +763,23 @@ def sighup_blocked(pid):
     return False
 
 
-def test_sighup_during_startup_reloads_instead_of_killing(redis_server, tmp_path):
-    """`systemctl start` then `systemctl reload` at once: a SIGHUP that
-    arrives while the policy is still being read must not end the process
-    (the default action, before the handler is installed)."""
+def started_mid_parse(redis_server, tmp_path):
+    """A daemon still reading a large policy: returned as soon as it holds
+    its signals back, or 50 ms in (mid-parse) for a build that never does."""
     d = Daemon(tmp_path, redis_server.port, policy(route("api", "/api/", fw(3))
                                                     + slow_routes()))
     d.logf = open(d.log_path, "ab")
     d.proc = subprocess.Popen([d.bin, "-c", d.policy_path], stdout=d.logf, stderr=d.logf)
+    wait_until(lambda: sighup_blocked(d.proc.pid), timeout=0.05, interval=0.001)
+    return d
+
+
+def test_sighup_during_startup_reloads_instead_of_killing(redis_server, tmp_path):
+    """`systemctl start` then `systemctl reload` at once: a SIGHUP that
+    arrives while the policy is still being read must not end the process
+    (the default action, before the handler is installed)."""
+    d = started_mid_parse(redis_server, tmp_path)
     try:
-        # As soon as the daemon holds it back, or 50 ms in (mid-parse) for a
-        # build that never does.
-        wait_until(lambda: sighup_blocked(d.proc.pid), timeout=0.05, interval=0.001)
         d.signal(signal.SIGHUP)
         assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=1).ok,
                           timeout=15), "daemon not ready:\n" + d.log()
@@ -793,12 +798,8 @@ def test_a_signal_during_startup_is_acted_on_not_fatal(redis_server, tmp_path, s
     once, a log rotation's SIGUSR1) took its default action: the daemon
     died by it (143 for SIGTERM) instead of draining and exiting 0, or
     ignoring it (an audit)."""
-    d = Daemon(tmp_path, redis_server.port, policy(route("api", "/api/", fw(3))
-                                                    + slow_routes()))
-    d.logf = open(d.log_path, "ab")
-    d.proc = subprocess.Popen([d.bin, "-c", d.policy_path], stdout=d.logf, stderr=d.logf)
+    d = started_mid_parse(redis_server, tmp_path)
     try:
-        wait_until(lambda: sighup_blocked(d.proc.pid), timeout=0.05, interval=0.001)
         d.signal(sig)
         if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
             assert d.proc.wait(15) == 0, d.log()
