@@ -372,16 +372,22 @@ def serving_through_slow_proxy(d, text, delay, connect_within):
         proxy.close()
 
 
-def test_reload_moves_to_another_redis(ops_daemon, other_redis):
+def test_reload_moves_to_another_redis(ops_daemon, redis_server, other_redis):
     """redis.address is part of the reloadable policy: after the reload the
     counters live in the new Redis."""
     other = other_redis
     d = ops_daemon(policy(route("api", "/api/", fw(3))))
     assert use_up(d, "k1", 4) == [200, 200, 200, 429]
+    old = redis_server.client()
+    linked = old.info("clients")["connected_clients"]
     text = policy(route("api", "/api/", fw(3))).replace("{redis_port}", str(other.port))
     d.write_policy(text)
     assert wait_until(lambda: get_policy(d)["redis"]["address"] ==
                       "127.0.0.1:%d" % other.port, timeout=RELOAD_S)
+    # The old link serves until the new one has answered (/readyz is 200
+    # meanwhile, from the old one): its close says the new one took over.
+    assert wait_until(lambda: old.info("clients")["connected_clients"] < linked,
+                      timeout=5), d.log()
     assert wait_until(lambda: requests.get(d.url("/readyz"), timeout=1).status_code == 200,
                       timeout=3)
     r = check(d, "/check/api/x", headers={"X-Key": "k1"})
