@@ -3007,7 +3007,7 @@ says_shadow(const struct node *route)
 		const struct node *k = route->items[i], *v = route->items[i + 1];
 
 		if (k->type == NODE_SCALAR && strcmp(k->value, "shadow") == 0 &&
-		    v->type == NODE_SCALAR && v->plain && strcasecmp(v->value, "true") == 0)
+		    v->type == NODE_SCALAR && v->plain && is_bool_word(v->value) == 2)
 			return 1;
 	}
 	return 0;
