@@ -3282,6 +3282,7 @@ config_free(struct config *c)
 	for (size_t i = 0; i < c->nwarnings; i++)
 		free(c->warnings[i]);
 	free(c->warnings);
+	free(c->json);
 	free(c);
 }
 
@@ -3653,4 +3654,15 @@ config_to_json(const struct config *c)
 	}
 	json_object_set_new(root, "routes", routes);
 	return root;
+}
+
+void
+config_render_json(struct config *c)
+{
+	json_t *o = config_to_json(c);
+
+	free(c->json);
+	c->json = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+	c->json_len = c->json ? strlen(c->json) : 0;
+	json_decref(o);
 }

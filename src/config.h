@@ -161,6 +161,12 @@ struct config {
 	struct route	*routes;
 	size_t		 nroutes;
 
+	/* GET /v1/policy's body, rendered once by config_render_json (on the
+	 * main thread: a large policy takes tens of milliseconds, which no
+	 * worker's loop should spend per request) and lent to each reply. */
+	char		*json;
+	size_t		 json_len;
+
 	/* "FILE:LINE:COL: warning: ..." for what loads but is surely not
 	 * meant (a route that can never match); -t prints them, the daemon
 	 * logs them on each load */
@@ -194,6 +200,8 @@ void config_errors_free(struct config_errors *errors);
 
 /* The policy in force as JSON, secrets omitted (GET /v1/policy). */
 json_t *config_to_json(const struct config *config);
+/* Sets config->json from config_to_json, once the policy is final. */
+void config_render_json(struct config *config);
 
 const char *config_algorithm_name(enum algorithm algorithm);
 int config_algorithm_is_bucket(enum algorithm algorithm);

@@ -72,6 +72,28 @@ serve_readyz(struct worker *w, struct http_request *req)
 }
 
 static void
+release_config(void *config)
+{
+	config_unref(config);
+}
+
+/* The body rendered at load, lent: a reply of a large policy is neither
+ * rebuilt per request nor copied into every connection that asks. */
+static void
+serve_policy(struct worker *w, struct http_request *req)
+{
+	struct config *c = w->w_config;
+
+	if (c->json == NULL) {
+		http_reply_json_error(req, 500, "internal: the policy could not "
+		    "be rendered as JSON");
+		return;
+	}
+	request_reply_lent(req, 200, "application/json", c->json, c->json_len,
+	    release_config, config_ref(c));
+}
+
+static void
 serve_metrics(struct http_request *req)
 {
 	struct evbuffer *out = evbuffer_new();
@@ -130,7 +152,7 @@ http_dispatch(struct http_request *req, void *arg)
 	else if (PATH_IS("/metrics"))
 		serve_metrics(req);
 	else if (PATH_IS("/v1/policy"))
-		http_reply_json(req, 200, config_to_json(w->w_config));
+		serve_policy(w, req);
 	else
 		http_reply_json_error(req, 404, "not found");
 #undef PATH_IS

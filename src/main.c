@@ -280,6 +280,7 @@ reload(struct env *env, const char *why)
 	c->workers_running = env->config->workers_running;
 	metrics_show_policy(c);
 	policy_prepare(c);
+	config_render_json(c);
 	log_configure((enum log_level)c->log_level, (enum log_format)c->log_format);
 	for (int i = 0; i < env->nworkers; i++)
 		worker_set_config(env->workers[i], c);
@@ -612,6 +613,7 @@ run(const char *path)
 		env.nworkers = n < 1 ? 1 : n > CONFIG_WORKERS_MAX ? CONFIG_WORKERS_MAX : (int)n;
 	}
 	env.config->workers_running = env.nworkers;
+	config_render_json(env.config);
 	for (int i = 0; i < env.nworkers; i++)
 		env.workers[i] = worker_new(i, env.listen_fd, env.config);
 	env.worker_exit_ev = event_new(env.base, -1, 0, on_worker_exit, &env);

@@ -30,6 +30,7 @@
 #include <sys/ioctl.h>
 #include <sys/queue.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -106,6 +107,14 @@ struct conn {
 	size_t		 c_req_len;		/* head + body, once complete */
 	char		*c_out;
 	size_t		 c_out_len, c_out_off, c_out_cap;
+	/* A body sent from memory the handler lends (request_reply_lent),
+	 * after all of c_out: no request is taken while one is held, so
+	 * nothing is queued behind it, and c_out_len stays non-zero until it
+	 * is out. */
+	const char	*c_lent;
+	size_t		 c_lent_len, c_lent_off;
+	void		(*c_lent_release)(void *);
+	void		*c_lent_arg;
 	unsigned long long c_written;		/* bytes ever written */
 	/* What the peer had taken at the idle timer's last look, valid when
 	 * c_delivered_known (see conn_reader_progressed). */
@@ -152,7 +161,20 @@ static void headers_release(struct http_request *);
 static int
 conn_backlogged(const struct conn *c)
 {
-	return c->c_out_len - c->c_out_off >= SERVER_OUT_BACKLOG_MAX;
+	return c->c_out_len - c->c_out_off >= SERVER_OUT_BACKLOG_MAX ||
+	    c->c_lent != NULL;
+}
+
+/* The lender's memory is free to go: written out, or the peer is. */
+static void
+conn_lent_release(struct conn *c)
+{
+	void (*release)(void *) = c->c_lent_release;
+
+	c->c_lent = NULL;
+	c->c_lent_release = NULL;
+	if (release != NULL)
+		release(c->c_lent_arg);
 }
 
 /* Nothing under way: no request in hand or half read, nothing to send,
@@ -256,6 +278,7 @@ conn_free(struct conn *c)
 	event_free(c->c_idle_ev);
 	close(c->c_fd);
 	headers_release(&c->c_req);
+	conn_lent_release(c);
 	free(c->c_in);
 	free(c->c_out);
 	free(c);
@@ -324,17 +347,36 @@ conn_delivered(const struct conn *c, int *queued)
 	return c->c_written - (unsigned long long)*queued;
 }
 
-/* Writes queued output; on EAGAIN arms the write event. */
+/* Writes queued output, a lent body after it in the same call; on
+ * EAGAIN arms the write event. */
 static void
 conn_flush(struct conn *c)
 {
-	while (c->c_out_off < c->c_out_len) {
-		ssize_t n = write(c->c_fd, c->c_out + c->c_out_off,
-		    c->c_out_len - c->c_out_off);
+	while (c->c_out_off < c->c_out_len || c->c_lent != NULL) {
+		size_t out_left = c->c_out_len - c->c_out_off;
+		ssize_t n;
+
+		if (c->c_lent == NULL)
+			n = write(c->c_fd, c->c_out + c->c_out_off, out_left);
+		else {
+			struct iovec iov[2] = {
+				{ c->c_out + c->c_out_off, out_left },
+				{ (char *)(uintptr_t)(c->c_lent + c->c_lent_off),
+				  c->c_lent_len - c->c_lent_off },
+			};
+
+			n = writev(c->c_fd, iov + (out_left == 0),
+			    2 - (out_left == 0));
+		}
 
 		if (n > 0) {
-			c->c_out_off += (size_t)n;
+			size_t from_out = (size_t)n < out_left ? (size_t)n : out_left;
+
+			c->c_out_off += from_out;
 			c->c_written += (unsigned long long)n;
+			if (c->c_lent != NULL &&
+			    (c->c_lent_off += (size_t)n - from_out) == c->c_lent_len)
+				conn_lent_release(c);
 			continue;
 		}
 		if (n == -1 && errno == EINTR)
@@ -940,7 +982,7 @@ conn_reader_progressed(struct conn *c)
 	int queued;
 	unsigned long long delivered = conn_delivered(c, &queued);
 
-	if (c->c_out_len == c->c_out_off && queued == 0) {
+	if (c->c_out_len == c->c_out_off && c->c_lent == NULL && queued == 0) {
 		c->c_delivered_known = 0;
 		return 0;	/* nothing waits for it: idle */
 	}
@@ -1449,6 +1491,14 @@ void
 request_reply(struct http_request *req, int status, const char *content_type,
     const char *body, size_t len)
 {
+	request_reply_lent(req, status, content_type, body, len, NULL, NULL);
+}
+
+void
+request_reply_lent(struct http_request *req, int status,
+    const char *content_type, const char *body, size_t len,
+    void (*release)(void *), void *arg)
+{
 	struct conn *c = req->rq_conn;
 	char head[SERVER_REPLY_HEAD_MAX], num[FMT_LL_MAX];
 	size_t n = 0;
@@ -1489,8 +1539,16 @@ request_reply(struct http_request *req, int status, const char *content_type,
 		conn_out_append(c, head, n);
 		conn_out_append(c, req->rq_out, req->rq_out_len);
 		conn_out_append(c, "\r\n", 2);
-		if (!req->rq_head && len)
+		if (!req->rq_head && len && release == NULL)
 			conn_out_append(c, body, len);
+		else if (!req->rq_head && len) {
+			c->c_lent = body;
+			c->c_lent_len = len;
+			c->c_lent_off = 0;
+			c->c_lent_release = release;
+			c->c_lent_arg = arg;
+			release = NULL;		/* the connection's to call now */
+		}
 		if (!keepalive) {
 			c->c_closing = 1;
 			/* Bytes after this request (a client pipelining past
@@ -1502,6 +1560,8 @@ request_reply(struct http_request *req, int status, const char *content_type,
 		if (c->c_out_off == 0)
 			conn_flush(c);	/* else the write event is armed already */
 	}
+	if (release != NULL)
+		release(arg);	/* not kept: sent as HEAD, or to no one */
 	/* Drop the request's bytes; pipelined ones move to the front. */
 	memmove(c->c_in, c->c_in + c->c_req_len, c->c_in_len - c->c_req_len);
 	c->c_in_len -= c->c_req_len;

@@ -73,5 +73,14 @@ int request_on_peer_gone(struct http_request *req, request_gone_cb cb,
 /* Sends the reply; the request must not be touched afterwards. */
 void request_reply(struct http_request *req, int status,
     const char *content_type, const char *body, size_t len);
+/*
+ * The same with a body that is not copied (one large reply sent to many
+ * connections at once): the server writes it from body until it is out,
+ * then calls release(arg), as it does at once when it is not sent. No
+ * other request of the connection is read meanwhile.
+ */
+void request_reply_lent(struct http_request *req, int status,
+    const char *content_type, const char *body, size_t len,
+    void (*release)(void *), void *arg);
 
 #endif
