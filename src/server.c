@@ -62,6 +62,9 @@
  * bound (nginx, too, reads the next request only once a reply is out). */
 #define SERVER_OUT_BACKLOG_MAX	 65536
 #define SERVER_IDLE_TRIES	 8	/* see close_an_idle_connection */
+/* A connection that has sent nothing for this long counts as idle at the
+ * cap (see conn_idle); while full, that is looked for this often. */
+#define SERVER_SILENT_IDLE_US	 1000000
 
 struct header {
 	const char	*name;
@@ -140,6 +143,7 @@ struct server {
 	struct event_base	*s_base;
 	struct evconnlistener	*s_listener;
 	struct event		*s_accept_retry_ev;
+	struct event		*s_full_ev;	/* see on_full */
 	long long		 s_idle_us;
 	int			 s_draining;	/* see server_drain */
 	long long		 s_accept_logged_us;
@@ -186,13 +190,19 @@ conn_quiet(const struct conn *c)
 	    c->c_out_len == 0 && !c->c_lingering && !c->c_dead && !c->c_closing;
 }
 
-/* Kept alive with nothing under way: it may make room at the cap. Only
- * one that was answered: a fresh connection's first request may be on
- * its way. (A request may still wait unread in its socket.) */
+/* Kept alive with nothing under way: it may make room at the cap. One
+ * that was answered; or one that has sent nothing for
+ * SERVER_SILENT_IDLE_US since it was accepted, which nginx too counts as
+ * reusable: a client's first request follows its connect at once, and one
+ * that never sends would hold its slot until idle_timeout (a thousand
+ * such kept health probes out for a minute). A fresh connection's first
+ * request may be on its way within that second. (A request may still wait
+ * unread in its socket.) */
 static int
 conn_idle(const struct conn *c)
 {
-	return c->c_answered && conn_quiet(c);
+	return conn_quiet(c) && (c->c_answered ||
+	    mono_coarse_us() - c->c_active_us >= SERVER_SILENT_IDLE_US);
 }
 
 /* Its last reply is out and it is half-closed, waiting only for its
@@ -1153,6 +1163,14 @@ close_idle_connections(struct server *srv, size_t excess)
 	free(idle);
 }
 
+static void
+full_arm(struct server *srv)
+{
+	struct timeval tv = tv_us(SERVER_SILENT_IDLE_US);
+
+	evtimer_add(srv->s_full_ev, &tv);
+}
+
 /*
  * At server.max_connections: new connections wait in the kernel's backlog
  * (nginx at worker_connections does the same) until one closes. Each
@@ -1168,6 +1186,7 @@ server_full(struct server *srv)
 		return;
 	srv->s_full = 1;
 	evconnlistener_disable(srv->s_listener);
+	full_arm(srv);
 	if (srv->s_max_conns > 0 && (srv->s_full_logged_us == 0 ||
 	    now - srv->s_full_logged_us >= SERVER_ACCEPT_LOG_US)) {
 		log_warnx("%zu connection%s open, this worker's share of "
@@ -1183,8 +1202,27 @@ server_room(struct server *srv)
 {
 	if (srv->s_full) {
 		srv->s_full = 0;
+		evtimer_del(srv->s_full_ev);
 		accept_again(srv);
 	}
+}
+
+/* Full, and nothing closed or went idle since: a connection that has
+ * said nothing may have become idle by waiting (conn_idle). The next
+ * connection accepted closes it. */
+static void
+on_full(evutil_socket_t fd, short what, void *arg)
+{
+	struct server *srv = arg;
+
+	(void)fd;
+	(void)what;
+	if (!srv->s_full)
+		return;
+	if (close_an_idle_connection(srv, NULL, 0))
+		server_room(srv);
+	else
+		full_arm(srv);
 }
 
 /* Are connections waiting in the listening socket's backlog? */
@@ -1274,6 +1312,7 @@ server_new(struct event_base *base, int listen_fd, server_handler handler,
 		fatalx("cannot listen");
 	evconnlistener_set_error_cb(srv->s_listener, on_accept_error);
 	srv->s_accept_retry_ev = evtimer_new(base, on_accept_retry, srv);
+	srv->s_full_ev = evtimer_new(base, on_full, srv);
 	return srv;
 }
 
@@ -1353,6 +1392,7 @@ server_free(struct server *srv)
 	while (!LIST_EMPTY(&srv->s_conns))
 		conn_free(LIST_FIRST(&srv->s_conns));
 	event_free(srv->s_accept_retry_ev);
+	event_free(srv->s_full_ev);
 	free(srv);
 }
 

@@ -705,6 +705,51 @@ def test_idle_connections_make_room_at_the_cap(start_daemon):
             s.close()
 
 
+def test_silent_connections_make_room_at_the_cap(start_daemon):
+    """Connections that connect and never send (a port scan, a client
+    that hangs) held every slot until idle_timeout, 60 s, while health
+    probes waited in the backlog. As nginx does at worker_connections, one
+    that has sent nothing for a second counts as idle: at the cap, the
+    oldest is closed for a new connection. One that sends its first
+    request within the second is never closed for room."""
+    d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 4\n  workers: 1\n"))
+    prompt = [socket.create_connection(("127.0.0.1", d.port), timeout=3) for _ in range(4)]
+    try:
+        # At the cap with four fresh ones, each sending within the second.
+        waiting = socket.create_connection(("127.0.0.1", d.port), timeout=3)
+        time.sleep(0.3)
+        for s in prompt:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(1000).startswith(b"HTTP/1.1 200 OK")
+        waiting.close()
+    finally:
+        for s in prompt:
+            s.close()
+    before = settled_sockets(d)
+    silent = []
+    for _ in range(4):
+        silent.append(socket.create_connection(("127.0.0.1", d.port), timeout=3))
+        time.sleep(0.05)
+    try:
+        assert wait_until(lambda: daemon_sockets(d) - before == 4, timeout=3)
+        t0 = time.monotonic()
+        r = requests.get(d.url("/healthz"), timeout=5)
+        assert r.status_code == 200
+        took = time.monotonic() - t0
+        assert took > 0.5, "a connection younger than a second was closed " \
+                           "for room (%.2f s)" % took
+        silent[0].settimeout(3)
+        assert silent[0].recv(100) == b"", "the oldest silent one was not the one closed"
+        for s in silent[1:]:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.settimeout(3)
+            assert s.recv(1000).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        for s in silent:
+            s.close()
+    assert healthy(d)
+
+
 def daemon_sockets(d):
     fds = "/proc/%d/fd" % d.proc.pid
     count = 0
