@@ -183,11 +183,12 @@ add_rate_headers(struct http_request *req, const struct limiter_headers *h)
 	add_header(req, "RateLimit", h->ratelimit);
 }
 
-/* A new reference to the check's key for a JSON reply. */
+/* A new reference to the check's key for a JSON reply; null when the
+ * request had none (a route's missing_key: allow). */
 static json_t *
 key_json(const struct check *ck)
 {
-	return ck->ck_json_key ? json_incref(ck->ck_json_key) : json_string("");
+	return ck->ck_json_key ? json_incref(ck->ck_json_key) : json_null();
 }
 
 static json_t *

@@ -465,3 +465,10 @@ def test_described_forwarding_headers_of_an_untrusted_caller_are_ignored(start_d
     d = start_daemon(JSON_POLICY.replace("routes:\n", "trusted_proxies: [10.0.0.0/8]\nroutes:\n", 1))
     v = vcheck(d, {"path": "/ip/x", "headers": {"X-Forwarded-For": "203.0.113.5"}}).json()
     assert v["key"] == "127.0.0.1", v
+
+
+def test_reply_key_is_null_when_missing_key_allows(start_daemon):
+    d = start_daemon(JSON_POLICY.replace("    key: header:K\n",
+                                         "    key: header:K\n    missing_key: allow\n"))
+    r = vcheck(d, {"path": "/s/x"})
+    assert r.status_code == 200 and r.json()["key"] is None and r.json()["unlimited"] is True, r.text
