@@ -1,10 +1,17 @@
 /*
- * Logging. Every message is formatted into one buffer and written with a
- * single write(2), so lines from several worker threads never interleave.
- * Levels are checked before formatting so that disabled debug logging costs
- * nothing. In JSON mode each line is an object {"ts","level","msg"}.
+ * Logging. Every message is formatted into one buffer and written whole,
+ * so lines from several worker threads never interleave. Levels are
+ * checked before formatting so that disabled debug logging costs nothing.
+ * In JSON mode each line is an object {"ts","level","msg"}.
+ *
+ * Once log_start() has run, lines go to a queue that a thread of its own
+ * writes out: a worker that wrote to stderr itself blocked when whatever
+ * reads it (a pipe to systemd, Docker, `| tee`) stalled, and with it every
+ * check and /healthz, until the reader went on, Redis healthy or not. A
+ * full queue drops lines, counted, and says so when it can write again.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,6 +23,30 @@
 #include "log.h"
 
 #define LOG_LINE_MAX 4096
+/* Queued bytes at most: a few seconds of access lines at full load; pages
+ * are touched only as far as the queue ever fills. */
+#define LOG_QUEUE_SIZE	(1024 * 1024)
+/* Written at most this much at once, ending at a line's end: a pipe takes
+ * up to PIPE_BUF bytes whole, so another process's lines on the same
+ * stderr never land inside ours. */
+#define LOG_WRITE_MAX	4096
+#define LOG_STOP_WAIT_MS 2000	/* see log_stop */
+
+static struct {
+	pthread_mutex_t	 lock;
+	pthread_cond_t	 more;		/* the writer waits for lines */
+	pthread_cond_t	 drained;	/* log_stop waits for the writer */
+	pthread_t	 thread;
+	char		*ring;		/* LOG_QUEUE_SIZE bytes */
+	size_t		 head, len;	/* queued: len bytes from head */
+	int		 running, stopping, waiting;
+	unsigned long long dropped;	/* lines, not yet told */
+} queue = {
+	.lock = PTHREAD_MUTEX_INITIALIZER,
+	.more = PTHREAD_COND_INITIALIZER,
+	.drained = PTHREAD_COND_INITIALIZER,
+};
+static _Atomic unsigned long long lines_dropped;
 
 /* Written by the main thread on reload, read by every worker: atomic
  * (relaxed: each is one independent setting). */
@@ -119,6 +150,168 @@ format_ts(char *ts, size_t size)
 	snprintf(ts + n, size - (size_t)n, ".%03ldZ", now.tv_nsec / 1000000);
 }
 
+/* Whole, through short writes and EINTR; a stderr that fails (closed,
+ * EPIPE) loses the line: it must never take the daemon down. */
+static void
+write_all(const char *p, size_t n)
+{
+	while (n > 0) {
+		ssize_t w = write(STDERR_FILENO, p, n);
+
+		if (w > 0) {
+			p += w;
+			n -= (size_t)w;
+		} else if (w == -1 && errno != EINTR)
+			return;
+	}
+}
+
+/* A line, queued for the writer thread, or written at once before it
+ * runs (start-up, -t) and after it stops. */
+static void
+log_put(const char *line, size_t n)
+{
+	size_t tail, first;
+
+	pthread_mutex_lock(&queue.lock);
+	if (!queue.running) {
+		pthread_mutex_unlock(&queue.lock);
+		write_all(line, n);
+		return;
+	}
+	if (LOG_QUEUE_SIZE - queue.len < n) {
+		queue.dropped++;
+		pthread_mutex_unlock(&queue.lock);
+		atomic_fetch_add_explicit(&lines_dropped, 1, memory_order_relaxed);
+		return;
+	}
+	tail = (queue.head + queue.len) % LOG_QUEUE_SIZE;
+	first = LOG_QUEUE_SIZE - tail < n ? LOG_QUEUE_SIZE - tail : n;
+	memcpy(queue.ring + tail, line, first);
+	memcpy(queue.ring, line + first, n - first);
+	queue.len += n;
+	/* Woken only when it sleeps: no futex call per line under load. */
+	if (queue.waiting)
+		pthread_cond_signal(&queue.more);
+	pthread_mutex_unlock(&queue.lock);
+}
+
+static void log_emit(enum log_format, const char *, const char *, const char *);
+
+static void *
+log_writer(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&queue.lock);
+	for (;;) {
+		unsigned long long dropped;
+		size_t n;
+
+		while (queue.len == 0 && !queue.stopping) {
+			queue.waiting = 1;
+			pthread_cond_wait(&queue.more, &queue.lock);
+			queue.waiting = 0;
+		}
+		if (queue.len == 0)
+			break;
+		/* Up to LOG_WRITE_MAX, back to a line's end; to the ring's end
+		 * at most (a line that wraps goes out in two writes). */
+		n = queue.len < LOG_QUEUE_SIZE - queue.head ? queue.len :
+		    LOG_QUEUE_SIZE - queue.head;
+		if (n > LOG_WRITE_MAX) {
+			size_t cut = LOG_WRITE_MAX;
+
+			while (cut > 0 && queue.ring[queue.head + cut - 1] != '\n')
+				cut--;
+			n = cut > 0 ? cut : LOG_WRITE_MAX;
+		}
+		/* Producers add after head + len only: these bytes stay. */
+		pthread_mutex_unlock(&queue.lock);
+		write_all(queue.ring + queue.head, n);
+		pthread_mutex_lock(&queue.lock);
+		queue.head = (queue.head + n) % LOG_QUEUE_SIZE;
+		queue.len -= n;
+		if (queue.len == 0)
+			pthread_cond_broadcast(&queue.drained);
+		if ((dropped = queue.dropped) > 0 && queue.len == 0) {
+			char msg[160];
+
+			queue.dropped = 0;
+			pthread_mutex_unlock(&queue.lock);
+			snprintf(msg, sizeof(msg), "%llu log line%s dropped: "
+			    "stderr was not read fast enough", dropped,
+			    dropped == 1 ? "" : "s");
+			log_emit((enum log_format)atomic_load_explicit(
+			    &log_format_current, memory_order_relaxed), "warn",
+			    msg, NULL);
+			pthread_mutex_lock(&queue.lock);
+		}
+	}
+	pthread_cond_broadcast(&queue.drained);
+	pthread_mutex_unlock(&queue.lock);
+	return NULL;
+}
+
+int
+log_start(void)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&queue.lock);
+	if (!queue.running) {
+		queue.ring = malloc(LOG_QUEUE_SIZE);
+		queue.stopping = 0;
+		if (queue.ring == NULL || (rc = pthread_create(&queue.thread,
+		    NULL, log_writer, NULL)) != 0) {
+			free(queue.ring);
+			queue.ring = NULL;
+			rc = -1;
+		} else
+			queue.running = 1;
+	}
+	pthread_mutex_unlock(&queue.lock);
+	return rc;
+}
+
+void
+log_stop(void)
+{
+	struct timespec deadline;
+	int drained = 1;
+
+	pthread_mutex_lock(&queue.lock);
+	if (!queue.running) {
+		pthread_mutex_unlock(&queue.lock);
+		return;
+	}
+	clock_gettime(CLOCK_REALTIME, &deadline);
+	deadline.tv_sec += LOG_STOP_WAIT_MS / 1000;
+	while (queue.len > 0 && drained)
+		drained = pthread_cond_timedwait(&queue.drained, &queue.lock,
+		    &deadline) == 0 || queue.len == 0;
+	queue.stopping = 1;
+	pthread_cond_signal(&queue.more);
+	if (!drained) {
+		/* A reader stalled for good: exiting goes on without the
+		 * lines, and the writer, blocked, ends with the process. */
+		pthread_mutex_unlock(&queue.lock);
+		return;
+	}
+	pthread_mutex_unlock(&queue.lock);
+	pthread_join(queue.thread, NULL);
+	pthread_mutex_lock(&queue.lock);
+	queue.running = 0;
+	free(queue.ring);
+	queue.ring = NULL;
+	pthread_mutex_unlock(&queue.lock);
+}
+
+unsigned long long
+log_lines_dropped(void)
+{
+	return atomic_load_explicit(&lines_dropped, memory_order_relaxed);
+}
+
 /* In the format the caller read once: a reload between two reads could
  * wrap a text line in JSON. */
 static void
@@ -148,9 +341,7 @@ log_emit(enum log_format format, const char *level, const char *msg,
 		n = sizeof(line) - 1;
 		line[n - 1] = '\n';
 	}
-	/* Best effort: a failing stderr must never take the daemon down. */
-	if (write(STDERR_FILENO, line, (size_t)n) < 0)
-		return;
+	log_put(line, (size_t)n);
 }
 
 static void
@@ -249,8 +440,8 @@ log_access(const char *route, const char *key, size_t keylen, int status,
 	    "\"msg\":\"check\",\"route\":\"%s\",\"key\":\"%s\",\"status\":%d,\"result\":\"%s\","
 	    "\"cost\":%lld,\"us\":%lld}\n", ts, route, ekey, status, result, cost,
 	    took_us);
-	if (n > 0 && (size_t)n < sizeof(line) && write(STDERR_FILENO, line, (size_t)n) < 0)
-		return;
+	if (n > 0 && (size_t)n < sizeof(line))
+		log_put(line, (size_t)n);
 }
 
 void
@@ -261,6 +452,7 @@ fatal(const char *fmt, ...)
 	va_start(ap, fmt);
 	log_vlog(LOG_LEVEL_ERROR, "fatal", 1, fmt, ap);
 	va_end(ap);
+	log_stop();
 	exit(1);
 }
 
@@ -272,5 +464,6 @@ fatalx(const char *fmt, ...)
 	va_start(ap, fmt);
 	log_vlog(LOG_LEVEL_ERROR, "fatal", 0, fmt, ap);
 	va_end(ap);
+	log_stop();
 	exit(1);
 }

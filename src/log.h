@@ -1,4 +1,4 @@
-/* Logging to stderr, one line per write(2), text or JSON lines (STYLE 19). */
+/* Logging to stderr, whole lines, text or JSON lines (STYLE 19). */
 #ifndef LOG_H
 #define LOG_H
 
@@ -8,6 +8,15 @@ enum log_level { LOG_LEVEL_ERROR, LOG_LEVEL_WARN, LOG_LEVEL_INFO, LOG_LEVEL_DEBU
 enum log_format { LOG_FORMAT_TEXT, LOG_FORMAT_JSON };
 
 void log_configure(enum log_level level, enum log_format format);
+/* From now on lines are queued and written by a thread of their own, so a
+ * stalled stderr drops lines instead of stalling the caller; -1 if the
+ * thread cannot start (lines are then written at once, as before). */
+int log_start(void);
+/* Writes out what is queued (waiting 2 s at most for a stalled reader)
+ * and goes back to writing at once. */
+void log_stop(void);
+/* Lines dropped so far because the queue was full. */
+unsigned long long log_lines_dropped(void);
 int log_enabled(enum log_level level);
 void log_errorx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -593,6 +593,11 @@ run(const char *path)
 	}
 	log_configure((enum log_level)env.config->log_level,
 	    (enum log_format)env.config->log_format);
+	/* Before the workers, with the handled signals still blocked: the
+	 * writer thread inherits the mask, as they do. */
+	if (log_start() == -1)
+		log_warnx("cannot start the log writer thread: lines are "
+		    "written by the threads that log them");
 	log_warnings(env.config);
 	metrics_show_policy(env.config);
 	policy_prepare(env.config);
@@ -665,6 +670,7 @@ run(const char *path)
 	event_base_free(env.base);
 	config_unref(env.config);
 	log_info("stopped");
+	log_stop();
 	return 0;
 }
 

@@ -393,4 +393,9 @@ metrics_render(struct evbuffer *out)
 	    "# HELP ratelimitd_in_flight Checks waiting for Redis or a shaping delay.\n"
 	    "# TYPE ratelimitd_in_flight gauge\n"
 	    "ratelimitd_in_flight %lld\n", in_flight);
+	evbuffer_add_printf(out,
+	    "# HELP ratelimitd_log_lines_dropped_total Log lines dropped because "
+	    "stderr was not read fast enough.\n"
+	    "# TYPE ratelimitd_log_lines_dropped_total counter\n"
+	    "ratelimitd_log_lines_dropped_total %llu\n", log_lines_dropped());
 }

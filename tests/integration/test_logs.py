@@ -250,3 +250,60 @@ def test_libevent_messages_take_the_log_format(tmp_path, redis_server):
     assert p.returncode == 1 and any("libevent: " in l for l in lines), lines
     for line in lines:
         json.loads(line)
+
+
+def test_a_stalled_log_reader_never_stalls_checks(start_daemon, tmp_path):
+    """stderr is a pipe (systemd, Docker, `| tee`) whose reader stops
+    reading: once the pipe was full, the next line blocked the worker that
+    wrote it, and every check and /healthz with it, until the reader went
+    on. Lines now go through a queue a thread of its own writes out: a
+    stalled reader costs lines (counted, and told once it reads again),
+    never a check."""
+    import os
+    from conftest import BIN
+    from helpers import policy as plain_policy
+    fifo = str(tmp_path / "stderr.fifo")
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    wrapper = tmp_path / "to-fifo.sh"
+    wrapper.write_text('#!/bin/sh\nexec %s "$@" 2>%s\n' % (BIN, fifo))
+    wrapper.chmod(0o755)
+    d = start_daemon(plain_policy(
+        "  - name: api\n    match: {prefix: /}\n    key: header:X-Key\n"
+        "    limits: [{name: q, algorithm: fixed_window, limit: 1000000, window: 1h}]\n",
+        server="  workers: 1\n", top="log: {access: true}\n"), bin=str(wrapper))
+    try:
+        import requests
+        s = requests.Session()
+        # ~700 bytes an access line: the 64 KiB pipe is full after ~100
+        # checks, the 1 MB queue after ~1,600 more.
+        for i in range(2500):
+            r = s.get(d.url("/check/x"), headers={"X-Key": "k%d-" % (i % 50) + "!" * 240},
+                      timeout=5)
+            assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] != "-1", (i, r)
+        assert requests.get(d.url("/healthz"), timeout=5).text == "ok"
+        dropped = scrape(d).get("ratelimitd_log_lines_dropped_total")
+        assert dropped > 0
+        # Read again: what was queued comes out in whole lines, then the
+        # count of those dropped.
+        got = b""
+
+        def read_some():
+            nonlocal got
+            try:
+                while True:
+                    chunk = os.read(reader, 1 << 16)
+                    if not chunk:
+                        break
+                    got += chunk
+            except BlockingIOError:
+                pass
+            return b"log lines dropped: stderr was not read fast enough" in got
+        assert wait_until(read_some, timeout=10), got[-500:]
+        told = re.search(rb"warn (\d+) log lines dropped", got)
+        assert told and int(told.group(1)) == dropped, (told, dropped)
+        lines = got.split(b"\n")[:-1]
+        assert all(re.match(rb"^\S+Z (info|warn|access) ", l) for l in lines), \
+            [l for l in lines if not re.match(rb"^\S+Z (info|warn|access) ", l)][:3]
+    finally:
+        os.close(reader)
