@@ -49,7 +49,7 @@
 #define STORE_BACKOFF_MIN_US	50000LL		/* first retry after 50 ms */
 #define STORE_BACKOFF_MAX_US	1000000LL	/* never wait more than 1 s */
 #define STORE_STEADY_US		STORE_BACKOFF_MAX_US	/* see st_flapping */
-#define STORE_IDLE_PING_US	5000000LL	/* see keep_alive */
+#define STORE_IDLE_PING_US	1000000LL	/* see keep_alive */
 #define STORE_STALL_MIN_US	1000000LL
 #define STORE_WATCHDOG_US	100000LL
 #define STORE_RETIRE_SLACK_US	100000LL
@@ -759,7 +759,10 @@ on_ping_reply(redisAsyncContext *ac, void *r, void *privdata)
  * and so does a NAT or load balancer that forgets an idle flow, silently:
  * then the next check met a closed or dead link and failed open. The PING
  * keeps the link in use, and a link that has died without a word is found
- * by the watchdog (no reply to the PING) before a check needs it.
+ * by the watchdog (no reply to the PING) before a check needs it. Once a
+ * second, so that a Redis `timeout` of 2 s or more never closes it (at 5 s
+ * apart, `timeout 3` cycled both links every 4 s, and a check in the gap
+ * failed open); an idle daemon's PING costs Redis next to nothing.
  */
 static void
 keep_alive(struct store *st, long long now)

@@ -1301,16 +1301,19 @@ def test_a_stall_shorter_than_the_watchdog_is_logged(start_daemon, redis_server)
 def test_an_idle_link_is_kept_alive(start_daemon, redis_server):
     """A Redis `timeout` (or a NAT that forgets idle flows) closed an idle
     daemon's link, and the next check met it closed (an audit: Redis with
-    `timeout 1` saw a reconnect every 2 s). An idle link is sent PING
-    every 5 s: the same client, its last command a PING."""
+    `timeout 1` saw a reconnect every 2 s, and with PINGs 5 s apart
+    `timeout 3` cycled the link every 4 s). An idle link is sent PING
+    every second: under `timeout 2` the same client, its last command a
+    PING."""
     d = start_daemon(SIMPLE)
     c = redis_server.client()
+    c.config_set("timeout", 2)
 
     def daemon_clients():
         return [cl for cl in c.client_list() if cl["cmd"] != "client|list"]
     before = daemon_clients()
     assert len(before) == 1, before
-    time.sleep(5.6)
+    time.sleep(4.5)
     after = daemon_clients()
     assert [cl["id"] for cl in after] == [before[0]["id"]], (before, after)
     assert after[0]["cmd"] == "ping", after
