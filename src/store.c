@@ -362,8 +362,15 @@ on_disconnect(const redisAsyncContext *ac, int status)
 static void
 handshake_refused(struct store *st, const char *step, const char *error)
 {
+	/* What to do about the two an operator meets first. */
+	const char *hint = strncmp(error, "NOAUTH", 6) == 0 && st->st_password == NULL ?
+	    " (this Redis wants a password: set redis.password_env to the name "
+	    "of an environment variable that holds it)" :
+	    strncmp(error, "WRONGPASS", 9) == 0 ? " (check redis.username and "
+	    "the variable redis.password_env names)" : "";
+
 	if (!st->st_logged_handshake)
-		log_warnx("%s: %s failed: %s", st->st_who, step, error);
+		log_warnx("%s: %s failed: %s%s", st->st_who, step, error, hint);
 	st->st_logged_handshake = 1;
 	st->st_logged_down = 1;
 	st->st_link_failed = 1;

@@ -360,6 +360,8 @@ def test_password_never_shown(ops_daemon, tmp_path):
         assert r.status_code == 503
         r = check(d2, "/check/api/x", headers={"X-Key": "k"})
         assert r.status_code == 200 and r.headers.get("X-RateLimit-Remaining") == "-1"
+        assert "WRONGPASS" in d2.log() and "(check redis.username and the variable " \
+            "redis.password_env names)" in d2.log(), d2.log()
         for dd, pw in ((d, PASSWORD), (d2, wrong)):
             assert pw not in requests.get(dd.url("/v1/policy"), timeout=2).text
             assert pw not in dd.log(), dd.log()

@@ -735,6 +735,7 @@ def test_redis_reasons_for_refusing_are_logged(start_daemon, redis_server):
         time.sleep(0.5)
         log = d.log()
         assert log.count("INFO failed: NOAUTH") == 1, log
+        assert "this Redis wants a password: set redis.password_env" in log, log
         assert "Protocol error" not in log and "SCRIPT LOAD" not in log, log
     finally:
         rc = redis.Redis(host="127.0.0.1", port=redis_server.port, password=PASSWORD)
