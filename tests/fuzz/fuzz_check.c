@@ -189,6 +189,7 @@ setup(void)
 	metrics_show_policy(c);
 	policy_prepare(c);
 	c->workers_running = 1;
+	config_render_json(c);	/* as main does, once the policy is final */
 
 	fd = loopback_listen(&addr);
 	w = worker_new(0, fd, c);
