@@ -331,11 +331,18 @@ on_file_check(evutil_socket_t fd, short what, void *arg)
 			    "file is loaded again when it is back",
 			    env->config->path, strerror(errno));
 			env->gone_logged = 1;
+			/* A refused reload to the alerts, as by SIGHUP: the
+			 * policy in force is on disk no more, and the next
+			 * start (an ExecStartPre -t) would fail. */
+			metrics_reload(0);
 		}
 		env->pending = 0;
 		return;
 	}
 	env->gone_since_us = 0;
+	if (env->gone_logged)
+		/* Back: loaded again, even as it was, to say so. */
+		memset(&env->loaded_stat, 0, sizeof(env->loaded_stat));
 	env->gone_logged = 0;
 	if (same_file_state(&sb, &env->loaded_stat)) {
 		env->pending = 0;

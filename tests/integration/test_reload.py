@@ -697,8 +697,29 @@ def test_a_policy_file_gone_is_said_once(ops_daemon):
     time.sleep(1.2)
     assert d.log().count("the policy in force stays, and the file is loaded again") == 1
     assert route_limits(d, "api")[0]["limit"] == 3
+    # A refused reload to the alerts, as a SIGHUP of the missing file is.
+    m = scrape(d)
+    assert m.get("ratelimitd_config_last_reload_successful") == 0
+    assert m.get("ratelimitd_config_reloads_total", result="error") == 1
     d.write_policy(policy(route("api", "/api/", fw(5))))
     assert wait_policy_limit(d, "api", 5, timeout=RELOAD_S + 1), d.log()
+    assert scrape(d).get("ratelimitd_config_last_reload_successful") == 1
+
+
+def test_a_policy_file_back_as_it_was_is_loaded_again(ops_daemon):
+    """Deleted and put back unchanged (a hard link kept aside, the same
+    inode and times): loaded again all the same, so the reload gauge that
+    went to 0 says 1 again."""
+    d = ops_daemon(policy(route("api", "/api/", fw(3))))
+    keep = d.policy_path + ".keep"
+    os.link(d.policy_path, keep)
+    os.unlink(d.policy_path)
+    assert wait_until(lambda: scrape(d).get("ratelimitd_config_last_reload_successful") == 0,
+                      timeout=3.5), d.log()
+    os.link(keep, d.policy_path)
+    assert wait_until(lambda: scrape(d).get("ratelimitd_config_last_reload_successful") == 1,
+                      timeout=RELOAD_S + 1), d.log()
+    assert route_limits(d, "api")[0]["limit"] == 3
 
 
 def test_a_file_still_changing_is_not_loaded_until_it_holds_still(ops_daemon):
