@@ -249,6 +249,29 @@ node_append(struct node *parent, struct node *child)
 static void restore_flow_colons(char *);
 static void restore_flow_colon(const struct loader *, char *, const yaml_mark_t *);
 
+/* An anchor or an explicit tag: refused, and the node read on without it,
+ * so that what else is wrong in the file is said in the same run. */
+static void
+anchor_or_tag_refused(struct loader *ld, const yaml_mark_t *m,
+    const yaml_char_t *anchor, const yaml_char_t *tag)
+{
+	if (anchor)
+		errorf(ld, (int)m->line + 1, (int)m->column + 1, "the anchor &%s: "
+		    "anchors and aliases are not allowed in a policy file; write "
+		    "the values out where they are used", (const char *)anchor);
+	if (tag) {
+		/* libyaml resolves !!int to its full name: shown as written */
+		static const char core[] = "tag:yaml.org,2002:";
+		const char *t = (const char *)tag;
+		int is_core = strncmp(t, core, sizeof(core) - 1) == 0;
+
+		errorf(ld, (int)m->line + 1, (int)m->column + 1, "the tag %s%s: "
+		    "tags are not allowed in a policy file; remove it (a value's "
+		    "type is where it goes: quote text that looks like a number)",
+		    is_core ? "!!" : "", is_core ? t + sizeof(core) - 1 : t);
+	}
+}
+
 /* Reads the next node from the parser; NULL on a syntax error (reported). */
 static struct node *
 yaml_read_node(struct loader *ld, yaml_parser_t *parser, yaml_event_t *first,
@@ -269,13 +292,10 @@ yaml_read_node(struct loader *ld, yaml_parser_t *parser, yaml_event_t *first,
 		    "aliases are not allowed in a policy file");
 		return NULL;
 	case YAML_SCALAR_EVENT:
-		if (first->data.scalar.anchor || (first->data.scalar.tag &&
+		anchor_or_tag_refused(ld, m, first->data.scalar.anchor,
 		    first->data.scalar.plain_implicit == 0 &&
-		    first->data.scalar.quoted_implicit == 0)) {
-			errorf(ld, (int)m->line + 1, (int)m->column + 1,
-			    "anchors and tags are not allowed in a policy file");
-			return NULL;
-		}
+		    first->data.scalar.quoted_implicit == 0 ?
+		    first->data.scalar.tag : NULL);
 		if (memchr(first->data.scalar.value, '\0',
 		    first->data.scalar.length) != NULL) {
 			/* "\0" or "\u0000" in a double-quoted string: C
@@ -302,11 +322,7 @@ yaml_read_node(struct loader *ld, yaml_parser_t *parser, yaml_event_t *first,
 		int implicit = is_map ? first->data.mapping_start.implicit :
 		    first->data.sequence_start.implicit;
 
-		if (anchor || (tag && !implicit)) {
-			errorf(ld, (int)m->line + 1, (int)m->column + 1,
-			    "anchors and tags are not allowed in a policy file");
-			return NULL;
-		}
+		anchor_or_tag_refused(ld, m, anchor, implicit ? NULL : tag);
 		nd = node_new(is_map ? NODE_MAPPING : NODE_SEQUENCE, m);
 		for (;;) {
 			struct node *child;
@@ -727,11 +743,12 @@ yaml_parse_source(struct loader *ld, const struct source *src, yaml_parser_t *pa
 		}
 		if (ev.type == YAML_DOCUMENT_START_EVENT) {
 			if (++ndocs > 1) {
+				/* The first is still checked, and its errors
+				 * said with this one. */
 				errorf(ld, (int)ev.start_mark.line + 1,
 				    (int)ev.start_mark.column + 1,
 				    "only one YAML document is allowed");
 				yaml_event_delete(&ev);
-				failed = 1;
 				break;
 			}
 		} else if (ev.type != YAML_STREAM_START_EVENT &&
@@ -1925,6 +1942,7 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 		char			*refused;
 	} *named;
 	int bad = 0;
+	size_t nitems;
 
 	if (nd->type != NODE_SEQUENCE) {
 		node_error(ld, nd, "limits: expected a list, got %s", node_type_name(nd));
@@ -1934,15 +1952,18 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 		node_error(ld, nd, "limits: must not be empty");
 		return -1;
 	}
+	/* Over the cap: said, and the first CONFIG_LIMITS_MAX still read,
+	 * so that what else is wrong in them is said in the same run. */
 	if (nd->nitems > CONFIG_LIMITS_MAX) {
 		node_error(ld, nd->items[CONFIG_LIMITS_MAX], "limits[%d]: one too "
 		    "many: at most %d limits per route, and this route has %zu",
 		    CONFIG_LIMITS_MAX, CONFIG_LIMITS_MAX, nd->nitems);
-		return -1;
+		bad = 1;
 	}
-	set->limits = xcalloc(nd->nitems, sizeof(*set->limits));
-	named = xcalloc(nd->nitems, sizeof(*named));
-	for (size_t i = 0; i < nd->nitems; i++) {
+	nitems = nd->nitems > CONFIG_LIMITS_MAX ? CONFIG_LIMITS_MAX : nd->nitems;
+	set->limits = xcalloc(nitems, sizeof(*set->limits));
+	named = xcalloc(nitems, sizeof(*named));
+	for (size_t i = 0; i < nitems; i++) {
 		struct limit_draft d;
 		struct limit *l;
 		unsigned long seen;
@@ -1988,7 +2009,7 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 			set->max_quota = l->quota;
 	}
 	/* Reported at the later of the two, as duplicate route names are. */
-	for (size_t i = 0; i < nd->nitems; i++)
+	for (size_t i = 0; i < nitems; i++)
 		for (size_t j = 0; named[i].name && j < i; j++)
 			if (named[j].name && strcmp(named[i].name, named[j].name) == 0) {
 				node_error(ld, named[i].at, "limits: two limits are named "
@@ -1999,7 +2020,7 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 				bad = 1;
 				break;
 			}
-	for (size_t i = 0; i < nd->nitems; i++)
+	for (size_t i = 0; i < nitems; i++)
 		free(named[i].refused);
 	free(named);
 	return bad ? -1 : 0;
@@ -3019,27 +3040,28 @@ on_routes(struct loader *ld, const struct node *nd, const char *key, void *t)
 	struct config *c = t;
 	char **names;
 	const struct node **name_nds, **kept_nds;
-	size_t nnames = 0;
+	size_t nnames = 0, nitems;
 
 	if (nd->type != NODE_SEQUENCE) {
 		node_error(ld, nd, "%s: expected a list of routes", key);
 		return -1;
 	}
-	if (nd->nitems > CONFIG_ROUTES_MAX) {
+	/* Over the cap: said, and the first CONFIG_ROUTES_MAX still read,
+	 * so that what else is wrong in them is said in the same run. */
+	if (nd->nitems > CONFIG_ROUTES_MAX)
 		node_error(ld, nd->items[CONFIG_ROUTES_MAX], "%s[%d]: one too many: "
 		    "at most %d routes, and this file has %zu", key, CONFIG_ROUTES_MAX,
 		    CONFIG_ROUTES_MAX, nd->nitems);
-		return -1;
-	}
-	if (nd->nitems == 0)
+	nitems = nd->nitems > CONFIG_ROUTES_MAX ? CONFIG_ROUTES_MAX : nd->nitems;
+	if (nitems == 0)
 		warnf(ld, nd, "%s: the list is empty: every check is answered 200, "
 		    "no request is limited", key);
-	c->routes = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*c->routes));
+	c->routes = xcalloc(nitems ? nitems : 1, sizeof(*c->routes));
 	/* Names of every route read so far, valid or not, for duplicates. */
-	names = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*names));
-	name_nds = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*name_nds));
-	kept_nds = xcalloc(nd->nitems ? nd->nitems : 1, sizeof(*kept_nds));
-	for (size_t i = 0; i < nd->nitems; i++) {
+	names = xcalloc(nitems ? nitems : 1, sizeof(*names));
+	name_nds = xcalloc(nitems ? nitems : 1, sizeof(*name_nds));
+	kept_nds = xcalloc(nitems ? nitems : 1, sizeof(*kept_nds));
+	for (size_t i = 0; i < nitems; i++) {
 		struct route_draft d;
 		unsigned long seen;
 		size_t nerr = ld->errors->n;

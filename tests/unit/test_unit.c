@@ -294,8 +294,33 @@ test_config_errors(void)
 	CHECK(has_error(&e, "3:21:", "regex"));
 	config_errors_free(&e);
 
-	CHECK(load_errors("server: &a { listen: 1 }\nroutes: []\n", &e) == 1);
-	CHECK(has_error(&e, "1:9:", "anchors"));
+	/* one limit too many is said, and the first 16 still checked */
+	{
+		char text[4096];
+		size_t n = (size_t)snprintf(text, sizeof(text),
+		    "routes:\n  - name: a\n    limits:\n"
+		    "      - { algorithm: fixed_window, limit: 1, window: 1x }\n");
+
+		for (int i = 1; i < 17; i++)
+			n += (size_t)snprintf(text + n, sizeof(text) - n,
+			    "      - { name: l%d, algorithm: fixed_window, limit: 1, "
+			    "window: 1s }\n", i);
+		CHECK(load_errors(text, &e) == 2);
+		CHECK(has_error(&e, "4:", "unknown duration unit"));
+		CHECK(has_error(&e, "20:", "limits[16]: one too many"));
+		config_errors_free(&e);
+	}
+
+	/* an anchor or tag is refused, and the rest still checked */
+	CHECK(load_errors("server: &a { listen: 1 }\nroutes: []\n", &e) == 2);
+	CHECK(has_error(&e, "1:9:", "the anchor &a: anchors"));
+	CHECK(has_error(&e, "1:22:", "host:port"));
+	config_errors_free(&e);
+	CHECK(load_errors("routes:\n  - name: a\n    limt: 1\n"
+	    "    limits: [ { algorithm: fixed_window, limit: !!int 1, window: 1s } ]\n",
+	    &e) == 2);
+	CHECK(has_error(&e, "3:5:", "unknown key \"limt\""));
+	CHECK(has_error(&e, "4:49:", "the tag !!int: tags"));
 	config_errors_free(&e);
 
 	CHECK(load_errors("server:\n  listen: [oops\n", &e) == 1);
@@ -331,6 +356,10 @@ test_config_errors(void)
 
 	CHECK(load_errors("--- {routes: []}\n--- {routes: []}\n", &e) == 1);
 	CHECK(has_error(&e, "2:1:", "only one YAML document"));
+	config_errors_free(&e);
+	/* the first document is still checked */
+	CHECK(load_errors("--- {routes: [], bogus: 1}\n--- {routes: []}\n", &e) == 2);
+	CHECK(has_error(&e, "1:18:", "unknown key \"bogus\""));
 	config_errors_free(&e);
 
 	CHECK(load_errors("", &e) == 1);
