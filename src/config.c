@@ -211,6 +211,11 @@ config_errors_free(struct config_errors *errors)
 	free(errors->lines);
 	errors->lines = NULL;
 	errors->n = 0;
+	for (size_t i = 0; i < errors->nwarnings; i++)
+		free(errors->warnings[i]);
+	free(errors->warnings);
+	errors->warnings = NULL;
+	errors->nwarnings = 0;
 }
 
 /* --- YAML events to nodes --------------------------------------------- */
@@ -2134,6 +2139,22 @@ check_match_path(struct loader *ld, const struct node *nd, const char *key,
 	for (const char *p = strchr(path, '%'); p && !encoded; p = strchr(p + 1, '%'))
 		encoded = isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2]) &&
 		    !(p[1] == '0' && p[2] == '0');
+	/* A glob ("/api/" then a star) as Traefik would mean it: a star is itself
+	 * and matches only a path with a '*' in it. */
+	if (!dead && strchr(path, '*') != NULL) {
+		const char *star = strchr(path, '*');
+		int trailing = star[1] == '\0' && star > path && star[-1] == '/';
+
+		if (trailing)
+			warnf(ld, nd, "%s: \"%s\": '*' is no wildcard here, it matches "
+			    "only a '*' in the path; for everything under %.*s write "
+			    "prefix: \"%.*s\"", key, echo(ld, path), (int)(star - path),
+			    path, (int)(star - path), path);
+		else
+			warnf(ld, nd, "%s: \"%s\": '*' is no wildcard here, it matches "
+			    "only a '*' in the path; for a pattern write a regex "
+			    "(\"[^/]*\" is one segment)", key, echo(ld, path));
+	}
 	if (!dead && !encoded)
 		return 0;
 	suggest = suggested_path(path, kind);
@@ -2336,6 +2357,14 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
 	if (kind != PATH_REGEX && check_match_path(ld, nd, key, d->r.path,
 	    kind) == -1)
 		return -1;
+	if (kind == PATH_REGEX && d->r.path[0] == '\0') {
+		/* as an empty host or methods list is: it would match every
+		 * path, which leaving match out says plainly */
+		node_error(ld, nd, "regex: must not be empty (it would match every "
+		    "path): leave \"regex\" out to match any path");
+		d->r.path_kind = PATH_ANY;
+		return -1;
+	}
 	if (kind == PATH_REGEX && strlen(d->r.path) > REGEX_MAX_LEN) {
 		/* glibc's regcomp takes memory that grows with the square of
 		 * the pattern: 6 GB for 120 KB of "(a|b)*", in the process that
@@ -3437,9 +3466,8 @@ config_load(const char *path, struct config_errors *errors)
 	}
 	errors_sort(&ld);
 	if (errors->n > 0) {
-		for (size_t i = 0; i < ld.nwarnings; i++)
-			free(ld.warnings[i]);
-		free(ld.warnings);
+		errors->warnings = ld.warnings;
+		errors->nwarnings = ld.nwarnings;
 		config_free(c);
 		return NULL;
 	}

@@ -178,11 +178,18 @@ struct config {
 struct config_errors {
 	char	**lines;
 	size_t	  n;
+	/* The file's warnings, said with its errors: else fixing the errors
+	 * brought new messages up at the next run. */
+	char	**warnings;
+	size_t	  nwarnings;
 	int	  passing;	/* unread for want of descriptors or memory:
 				 * the same file may load a moment later */
 };
 
 struct config *config_load(const char *path, struct config_errors *errors);
+/* Errors said at most, then how many more (a file of 200,000 unknown keys
+ * printed as many lines, and a reload's flooded the log). */
+#define CONFIG_ERRORS_SHOWN	100
 /* server.max_connections, or fewer when the file descriptor limit would
  * not leave CONFIG_FDS_RESERVED for Redis links, the policy file and the
  * rest: accepts must never take the descriptor a Redis reconnect needs. */

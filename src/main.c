@@ -92,8 +92,16 @@ usage(FILE *fp)
 static void
 print_errors(struct config_errors *errors)
 {
-	for (size_t i = 0; i < errors->n; i++)
+	for (size_t i = 0; i < errors->n && i < CONFIG_ERRORS_SHOWN; i++)
 		fprintf(stderr, "%s\n", errors->lines[i]);
+	if (errors->n > CONFIG_ERRORS_SHOWN)
+		fprintf(stderr, "... and %zu more errors\n",
+		    errors->n - CONFIG_ERRORS_SHOWN);
+	for (size_t i = 0; i < errors->nwarnings && i < CONFIG_ERRORS_SHOWN; i++)
+		fprintf(stderr, "%s\n", errors->warnings[i]);
+	if (errors->nwarnings > CONFIG_ERRORS_SHOWN)
+		fprintf(stderr, "... and %zu more warnings\n",
+		    errors->nwarnings - CONFIG_ERRORS_SHOWN);
 }
 
 static void
@@ -246,8 +254,13 @@ reload(struct env *env, const char *why)
 		/* An error, not a warning: SPEC 2 has every refusal logged
 		 * with its places, whatever log.level hides. */
 		log_errorx("reload (%s) refused; the policy in force stays:", why);
-		for (size_t i = 0; i < errors.n; i++)
+		for (size_t i = 0; i < errors.n && i < CONFIG_ERRORS_SHOWN; i++)
 			log_errorx("%s", errors.lines[i]);
+		if (errors.n > CONFIG_ERRORS_SHOWN)
+			log_errorx("... and %zu more errors",
+			    errors.n - CONFIG_ERRORS_SHOWN);
+		for (size_t i = 0; i < errors.nwarnings && i < CONFIG_ERRORS_SHOWN; i++)
+			log_warnx("%s", errors.warnings[i]);
 		metrics_reload(0);
 		/* Not again until the file changes; but a file that could not
 		 * be read for want of descriptors or memory is tried at the
