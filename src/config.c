@@ -2904,6 +2904,16 @@ warn_override_keys_unmatched(struct loader *ld, const struct route *r,
 				warnf(ld, keys_nd->items[j], "overrides: \"%s\" never "
 				    "applies: route \"%s\" is keyed by ip, and it is not "
 				    "an IP address", echo(ld, key), r->name);
+			/* HTTP strips a header value's surrounding spaces and
+			 * tabs, and an address has none: such a key matched
+			 * nothing, silently. (A query value may carry them.) */
+			else if (*key != '\0' && (*key == ' ' || *key == '\t' ||
+			    key[strlen(key) - 1] == ' ' || key[strlen(key) - 1] == '\t'))
+				warnf(ld, keys_nd->items[j], "overrides: \"%s\" begins "
+				    "or ends with a space or tab, which a header's value "
+				    "or an address never does (HTTP strips them): it "
+				    "applies only to a query or cookie value that has "
+				    "them", echo(ld, key));
 		}
 	}
 }

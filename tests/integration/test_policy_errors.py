@@ -1237,3 +1237,17 @@ def test_a_glob_loads_with_a_warning_and_an_empty_regex_is_refused(tmp_path):
     path.write_text("routes:\n  - name: a\n    match: {prefix: '/v*/x'}\n" + lim)
     p = validate(str(path))
     assert p.returncode == 0 and "for a pattern write a regex" in p.stderr.decode(), p
+
+
+def test_an_override_key_with_surrounding_spaces_loads_with_a_warning(tmp_path):
+    """HTTP strips a header value's surrounding spaces: " k1" loaded and
+    never applied to the client sending "k1"."""
+    path = tmp_path / "ws.yaml"
+    path.write_text("routes:\n  - name: a\n    key: header:X-Api-Key\n"
+                    "    limits: [{algorithm: fixed_window, limit: 1, window: 1s}]\n"
+                    "    overrides: [{keys: [' k1', k2], unlimited: true}]\n")
+    p = validate(str(path))
+    err = p.stderr.decode()
+    assert p.returncode == 0, err
+    assert ("ws.yaml:5:25: warning: overrides: \" k1\" begins or ends with a space "
+            "or tab") in err and "k2" not in err, err
