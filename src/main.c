@@ -156,6 +156,73 @@ loopback(const struct sockaddr *sa)
 	return 0;
 }
 
+/* The addresses of a host:port listen spec, and in *chosen the one to
+ * bind; NULL with *why when it cannot be resolved. */
+static struct addrinfo *
+listen_resolve(const char *spec, struct addrinfo **chosen, const char **why)
+{
+	struct addrinfo hints, *res, *ai;
+	char host[256], port[8];
+	const char *colon = strrchr(spec, ':');
+	size_t hl = (size_t)(colon - spec);
+	int rc;
+
+	if (spec[0] == '[') {
+		memcpy(host, spec + 1, hl - 2);
+		host[hl - 2] = '\0';
+	} else {
+		if (hl >= sizeof(host)) {
+			*why = "host name too long";
+			return NULL;
+		}
+		memcpy(host, spec, hl);
+		host[hl] = '\0';
+	}
+	snprintf(port, sizeof(port), "%s", colon + 1);
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_UNSPEC;
+	hints.ai_socktype = SOCK_STREAM;
+	hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+	if ((rc = getaddrinfo(host, port, &hints, &res)) != 0) {
+		*why = gai_strerror(rc);
+		return NULL;
+	}
+	/* A name's IPv4 address first, as for redis.address: a stock
+	 * /etc/hosts gives ::1 first for localhost, and the daemon
+	 * listened there alone while every recipe and the Docker
+	 * health check ask 127.0.0.1. */
+	for (ai = res; ai != NULL && ai->ai_family != AF_INET; ai = ai->ai_next)
+		;
+	*chosen = ai != NULL ? ai : res;
+	return res;
+}
+
+#define LISTEN_BEYOND_LOOPBACK "reaches beyond loopback: whoever can " \
+	"connect can ask checks, and so charge any client's limits; keep the " \
+	"port to the gateway's network"
+
+/* -t: what starting would say of server.listen, short of binding (nginx
+ * -t, too, resolves its listen addresses); 0, or -1 when it would fail. */
+static int
+listen_check(const struct config *c)
+{
+	struct addrinfo *res, *ai;
+	const char *why;
+
+	if (strncmp(c->listen, "unix:", 5) == 0)
+		return 0;
+	if ((res = listen_resolve(c->listen, &ai, &why)) == NULL) {
+		fprintf(stderr, "%s: server.listen \"%s\": %s\n", c->path,
+		    c->listen, why);
+		return -1;
+	}
+	if (!loopback(ai->ai_addr))
+		fprintf(stderr, "%s: warning: server.listen %s " LISTEN_BEYOND_LOOPBACK
+		    "\n", c->path, c->listen);
+	freeaddrinfo(res);
+	return 0;
+}
+
 static int
 listen_socket(const char *spec, char **unix_path, struct stat *unix_stat)
 {
@@ -190,36 +257,11 @@ listen_socket(const char *spec, char **unix_path, struct stat *unix_stat)
 			fatal("lstat %s", sun.sun_path);
 		*unix_path = xstrdup(sun.sun_path);
 	} else {
-		struct addrinfo hints, *res, *ai;
-		char host[256], port[8];
-		const char *colon = strrchr(spec, ':');
-		size_t hl = (size_t)(colon - spec);
-		int rc;
+		struct addrinfo *res, *ai;
+		const char *why;
 
-		if (spec[0] == '[') {
-			memcpy(host, spec + 1, hl - 2);
-			host[hl - 2] = '\0';
-		} else {
-			if (hl >= sizeof(host))
-				fatalx("listen %s: host name too long", spec);
-			memcpy(host, spec, hl);
-			host[hl] = '\0';
-		}
-		snprintf(port, sizeof(port), "%s", colon + 1);
-		memset(&hints, 0, sizeof(hints));
-		hints.ai_family = AF_UNSPEC;
-		hints.ai_socktype = SOCK_STREAM;
-		hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-		if ((rc = getaddrinfo(host, port, &hints, &res)) != 0)
-			fatalx("listen %s: %s", spec, gai_strerror(rc));
-		/* A name's IPv4 address first, as for redis.address: a stock
-		 * /etc/hosts gives ::1 first for localhost, and the daemon
-		 * listened there alone while every recipe and the Docker
-		 * health check ask 127.0.0.1. */
-		for (ai = res; ai != NULL && ai->ai_family != AF_INET; ai = ai->ai_next)
-			;
-		if (ai == NULL)
-			ai = res;
+		if ((res = listen_resolve(spec, &ai, &why)) == NULL)
+			fatalx("listen %s: %s", spec, why);
 		fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK |
 		    SOCK_CLOEXEC, 0);
 		if (fd == -1)
@@ -228,9 +270,7 @@ listen_socket(const char *spec, char **unix_path, struct stat *unix_stat)
 		if (bind(fd, ai->ai_addr, ai->ai_addrlen) == -1)
 			fatal("bind %s", spec);
 		if (!loopback(ai->ai_addr))
-			log_warnx("listen %s reaches beyond loopback: whoever can "
-			    "connect can ask checks, and so charge any client's "
-			    "limits; keep the port to the gateway's network", spec);
+			log_warnx("listen %s " LISTEN_BEYOND_LOOPBACK, spec);
 		freeaddrinfo(res);
 	}
 	if (listen(fd, MAIN_LISTEN_BACKLOG) == -1)
@@ -820,6 +860,10 @@ main(int argc, char **argv)
 		}
 		for (size_t i = 0; i < c->nwarnings; i++)
 			fprintf(stderr, "%s\n", c->warnings[i]);
+		if (listen_check(c) == -1) {
+			config_unref(c);
+			return 1;
+		}
 		printf("%s: ok\n", path);
 		config_unref(c);
 		return 0;

@@ -1129,9 +1129,17 @@ def test_names_and_prefixes_are_read_whole(tmp_path, lineno, text, token):
     (11, "    match: { prefix: /api/, host: 'api-1.example.com:8443' }"),
 ])
 def test_forms_that_worked_still_load(tmp_path, lineno, text):
-    """From a review: these loaded and worked before stricter checks."""
+    """From a review: these loaded and worked before stricter checks. (-t
+    says of an address beyond loopback what starting says: a warning.)"""
     p = validate(write(tmp_path, variant({lineno: text})))
-    assert p.returncode == 0 and p.stderr == b"", p.stderr.decode()
+    err = p.stderr.decode()
+    if "*:8080" in text:
+        assert err.endswith(": warning: server.listen *:8080 reaches beyond loopback: "
+                            "whoever can connect can ask checks, and so charge any "
+                            "client's limits; keep the port to the gateway's network\n"), err
+        assert err.count("\n") == 1, err
+        err = ""
+    assert p.returncode == 0 and err == "", err
 
 
 @pytest.mark.parametrize("host,says", [
@@ -1251,3 +1259,12 @@ def test_an_override_key_with_surrounding_spaces_loads_with_a_warning(tmp_path):
     assert p.returncode == 0, err
     assert ("ws.yaml:5:25: warning: overrides: \" k1\" begins or ends with a space "
             "or tab") in err and "k2" not in err, err
+
+
+def test_validation_resolves_the_listen_host(tmp_path):
+    """-t passed a listen host that does not resolve, and the daemon then
+    would not start; nginx -t resolves its listen addresses too."""
+    p = validate(write(tmp_path, variant({2: "  listen: 'nonexistent.invalid:8080'"})))
+    err = p.stderr.decode()
+    assert p.returncode == 1 and 'server.listen "nonexistent.invalid:8080": ' in err, err
+    assert b": ok" not in p.stdout
