@@ -1295,7 +1295,12 @@ walk_mapping(struct loader *ld, const struct node *map, const char *where,
 			}
 			node_error(ld, k, "%s: unknown key \"%s\" (expected one of: %s%s)",
 			    where, echo(ld, k->value), known, all_digits(k->value) ?
-			    "; a number takes no thousands separator: 1000, not 1,000" : "");
+			    "; a number takes no thousands separator: 1000, not 1,000" :
+			    /* never a secret in the file, which -t, logs and
+			     * ConfigMaps show */
+			    strcmp(k->value, "password") == 0 && strcmp(where, "redis") == 0 ?
+			    "; the password is read from the environment: name the "
+			    "variable in password_env" : "");
 			continue;
 		}
 		if (*seen & (1UL << j)) {
@@ -2287,6 +2292,15 @@ regex_refused(const char *re, char *why, size_t size, int *anchored)
 				break;
 			}
 			p++;
+		} else if (*p == '(' && p[1] == '?') {
+			/* glibc said only "Invalid preceding regular
+			 * expression" */
+			snprintf(why, size, "\"(?\" at byte %zu opens a PCRE group "
+			    "((?i), (?:...), a lookaround), which POSIX ERE has not: "
+			    "write [Aa] for either case, and (...) for a group",
+			    (size_t)(p - re) + 1);
+			refused = 1;
+			break;
 		} else if (*p == '(') {
 			frames[++depth].total = 0;
 			frames[depth].last = 0;

@@ -1268,3 +1268,19 @@ def test_validation_resolves_the_listen_host(tmp_path):
     err = p.stderr.decode()
     assert p.returncode == 1 and 'server.listen "nonexistent.invalid:8080": ' in err, err
     assert b": ok" not in p.stdout
+
+
+def test_pcre_groups_and_a_password_in_the_file_say_what_to_write(tmp_path):
+    """glibc said only "Invalid preceding regular expression" of (?i), and
+    `password:` under redis was a bare unknown key."""
+    path = tmp_path / "pcre.yaml"
+    path.write_text("redis: {password: hunter2}\nroutes:\n  - name: a\n"
+                    "    match: {regex: '(?i)^/login'}\n"
+                    "    limits: [{algorithm: fixed_window, limit: 1, window: 1s}]\n")
+    p = validate(str(path))
+    err = p.stderr.decode()
+    assert p.returncode == 1, err
+    assert "pcre.yaml:4:20: regex: \"(?i)^/login\": \"(?\" at byte 1 opens a PCRE group" in err, err
+    assert "write [Aa] for either case" in err, err
+    assert ("pcre.yaml:1:9: redis: unknown key \"password\" (expected one of: ") in err, err
+    assert "name the variable in password_env)" in err and "hunter2" not in err, err
