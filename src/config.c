@@ -2138,6 +2138,7 @@ check_match_path(struct loader *ld, const struct node *nd, const char *key,
     const char *path, enum path_match kind)
 {
 	char *suggest;
+	const char *star;
 	int dead = has_dead_segment(path, kind == PATH_EXACT);
 	int encoded = strpbrk(path, "?#") != NULL;
 
@@ -2146,8 +2147,7 @@ check_match_path(struct loader *ld, const struct node *nd, const char *key,
 		    !(p[1] == '0' && p[2] == '0');
 	/* A glob ("/api/" then a star) as Traefik would mean it: a star is itself
 	 * and matches only a path with a '*' in it. */
-	if (!dead && strchr(path, '*') != NULL) {
-		const char *star = strchr(path, '*');
+	if (!dead && (star = strchr(path, '*')) != NULL) {
 		int trailing = star[1] == '\0' && star > path && star[-1] == '/';
 
 		if (trailing)

@@ -241,9 +241,7 @@ log_writer(void *arg)
 			snprintf(msg, sizeof(msg), "%llu log line%s dropped: "
 			    "stderr was not read fast enough", dropped,
 			    dropped == 1 ? "" : "s");
-			log_emit((enum log_format)atomic_load_explicit(
-			    &log_format_current, memory_order_relaxed), "warn",
-			    msg, NULL);
+			log_emit(FORMAT(), "warn", msg, NULL);
 			pthread_mutex_lock(&queue.lock);
 		}
 	}

@@ -89,19 +89,48 @@ usage(FILE *fp)
 	    "       ratelimitd -h           print this help (--help)\n");
 }
 
+/* Up to CONFIG_ERRORS_SHOWN lines, then how many more, each to say. */
 static void
-print_errors(struct config_errors *errors)
+say_lines(char *const *lines, size_t n, const char *what,
+    void (*say)(const char *))
 {
-	for (size_t i = 0; i < errors->n && i < CONFIG_ERRORS_SHOWN; i++)
-		fprintf(stderr, "%s\n", errors->lines[i]);
-	if (errors->n > CONFIG_ERRORS_SHOWN)
-		fprintf(stderr, "... and %zu more errors\n",
-		    errors->n - CONFIG_ERRORS_SHOWN);
-	for (size_t i = 0; i < errors->nwarnings && i < CONFIG_ERRORS_SHOWN; i++)
-		fprintf(stderr, "%s\n", errors->warnings[i]);
-	if (errors->nwarnings > CONFIG_ERRORS_SHOWN)
-		fprintf(stderr, "... and %zu more warnings\n",
-		    errors->nwarnings - CONFIG_ERRORS_SHOWN);
+	char more[64];
+
+	for (size_t i = 0; i < n && i < CONFIG_ERRORS_SHOWN; i++)
+		say(lines[i]);
+	if (n > CONFIG_ERRORS_SHOWN) {
+		snprintf(more, sizeof(more), "... and %zu more %s",
+		    n - CONFIG_ERRORS_SHOWN, what);
+		say(more);
+	}
+}
+
+/* A refused file: its errors, then its warnings. -t and a refused start
+ * print them; a refused reload logs them. */
+static void
+say_refused(const struct config_errors *errors, void (*say_error)(const char *),
+    void (*say_warning)(const char *))
+{
+	say_lines(errors->lines, errors->n, "errors", say_error);
+	say_lines(errors->warnings, errors->nwarnings, "warnings", say_warning);
+}
+
+static void
+print_line(const char *line)
+{
+	fprintf(stderr, "%s\n", line);
+}
+
+static void
+log_error_line(const char *line)
+{
+	log_errorx("%s", line);
+}
+
+static void
+log_warning_line(const char *line)
+{
+	log_warnx("%s", line);
 }
 
 static void
@@ -294,13 +323,7 @@ reload(struct env *env, const char *why)
 		/* An error, not a warning: SPEC 2 has every refusal logged
 		 * with its places, whatever log.level hides. */
 		log_errorx("reload (%s) refused; the policy in force stays:", why);
-		for (size_t i = 0; i < errors.n && i < CONFIG_ERRORS_SHOWN; i++)
-			log_errorx("%s", errors.lines[i]);
-		if (errors.n > CONFIG_ERRORS_SHOWN)
-			log_errorx("... and %zu more errors",
-			    errors.n - CONFIG_ERRORS_SHOWN);
-		for (size_t i = 0; i < errors.nwarnings && i < CONFIG_ERRORS_SHOWN; i++)
-			log_warnx("%s", errors.warnings[i]);
+		say_refused(&errors, log_error_line, log_warning_line);
 		metrics_reload(0);
 		/* Not again until the file changes; but a file that could not
 		 * be read for want of descriptors or memory is tried at the
@@ -647,7 +670,7 @@ run(const char *path)
 	if (stat(path, &env.loaded_stat) == -1)
 		memset(&env.loaded_stat, 0, sizeof(env.loaded_stat));
 	if ((env.config = config_load(path, &errors)) == NULL) {
-		print_errors(&errors);
+		say_refused(&errors, print_line, print_line);
 		config_errors_free(&errors);
 		return 1;
 	}
@@ -854,7 +877,7 @@ main(int argc, char **argv)
 		c = config_load(path, &errors);
 
 		if (c == NULL) {
-			print_errors(&errors);
+			say_refused(&errors, print_line, print_line);
 			config_errors_free(&errors);
 			return 1;
 		}
