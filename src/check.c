@@ -763,7 +763,7 @@ route_by_name(const struct config *c, const char *name)
 /* Validates the optional string field `name`; -1 after replying 400. */
 static int
 json_opt_string(struct http_request *req, json_t *body, const char *name,
-    const char **out)
+    const char **out, size_t *outlen)
 {
 	json_t *v = json_object_get(body, name);
 
@@ -775,6 +775,15 @@ json_opt_string(struct http_request *req, json_t *body, const char *name,
 		return -1;
 	}
 	*out = json_string_value(v);
+	/* A key may hold any byte (a query's %00 decodes to one), so it
+	 * can be named back; no path, method, host or address has a NUL. */
+	if (outlen)
+		*outlen = json_string_length(v);
+	else if (strlen(*out) != json_string_length(v)) {
+		http_reply_json_error(req, 400, "field \"%s\" must not contain "
+		    "\\u0000", name);
+		return -1;
+	}
 	return 0;
 }
 
@@ -857,13 +866,14 @@ check_json(struct worker *w, struct http_request *req)
 	}
 	/* Any value decodes, so that a string or null is told it is not an
 	 * object rather than that it is malformed. */
-	body = json_loadb(data, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &err);
+	body = json_loadb(data, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY |
+	    JSON_ALLOW_NUL, &err);
 	if (body == NULL) {
 		const char *why = err.text;
 
 		/* jansson's own wording names its flags and says little. */
-		if (strstr(why, "JSON_ALLOW_NUL"))
-			why = "\\u0000 is not allowed in a string";
+		if (strstr(why, "NUL byte in object key"))
+			why = "\\u0000 is not allowed in a field name";
 		else if (strstr(why, "too big"))
 			why = "number too big";
 		http_reply_json_error(req, 400, "malformed JSON at line %d column %d: %s",
@@ -900,12 +910,12 @@ check_json(struct worker *w, struct http_request *req)
 			goto out;
 		}
 	}
-	if (json_opt_string(req, body, "route", &route_name) == -1 ||
-	    json_opt_string(req, body, "key", &key) == -1 ||
-	    json_opt_string(req, body, "method", &desc.method) == -1 ||
-	    json_opt_string(req, body, "path", &desc.uri) == -1 ||
-	    json_opt_string(req, body, "host", &desc.host) == -1 ||
-	    json_opt_string(req, body, "ip", &desc.ip) == -1)
+	if (json_opt_string(req, body, "route", &route_name, NULL) == -1 ||
+	    json_opt_string(req, body, "key", &key, &keylen) == -1 ||
+	    json_opt_string(req, body, "method", &desc.method, NULL) == -1 ||
+	    json_opt_string(req, body, "path", &desc.uri, NULL) == -1 ||
+	    json_opt_string(req, body, "host", &desc.host, NULL) == -1 ||
+	    json_opt_string(req, body, "ip", &desc.ip, NULL) == -1)
 		goto out;
 	/* One rule whichever form the body takes: where the route and key
 	 * are named, or the route keys by none, the address goes unused, but
@@ -934,15 +944,19 @@ check_json(struct worker *w, struct http_request *req)
 		json_object_foreach(headers, k, v) {
 			char esc[128];
 
-			if (config_token_ok(k) && json_is_string(v))
+			if (config_token_ok(k) && json_is_string(v) &&
+			    strlen(json_string_value(v)) == json_string_length(v))
 				continue;
 			log_escape(esc, sizeof(esc), k, strlen(k));
 			if (!config_token_ok(k))	/* as /check's head would be */
 				http_reply_json_error(req, 400, "field \"headers\": "
 				    "\"%s\" is not a header name", esc);
-			else
+			else if (!json_is_string(v))
 				http_reply_json_error(req, 400, "field \"headers.%s\" "
 				    "must be a string", esc);
+			else	/* no header value can carry one */
+				http_reply_json_error(req, 400, "field \"headers.%s\" "
+				    "must not contain \\u0000", esc);
 			goto out;
 		}
 		if ((k = header_named_twice(headers)) != NULL) {
@@ -984,21 +998,21 @@ check_json(struct worker *w, struct http_request *req)
 			if ((kind = policy_client_key(route, &in, qkey,
 			    sizeof(qkey), &key, &keylen)) == POLICY_KEY_NONE)
 				key = NULL;
-		} else if (key == NULL || key[0] == '\0') {
+		} else if (key == NULL || keylen == 0) {
 			http_reply_json_error(req, 400, key ? "field \"key\" must not "
 			    "be empty" : "field \"key\" is required with \"route\" "
 			    "(or describe the client: \"ip\", \"headers\", \"path\")");
 			goto out;
 		} else {
 			if (policy_route_keys_by_ip_alone(route) &&
-			    policy_canonical_ip(key, strlen(key), ip, sizeof(ip)) == 0) {
+			    policy_canonical_ip(key, keylen, ip, sizeof(ip)) == 0) {
 				/* A route keyed by IP alone: an address is
 				 * that client, however spelled, with its
 				 * bucket and its overrides, as /check sees it. */
 				key = ip;
+				keylen = strlen(ip);
 				kind = POLICY_KEY_IP;
 			}
-			keylen = strlen(key);
 		}
 	} else if (key) {
 		/* Else the client would be resolved from the described

@@ -481,7 +481,9 @@ parse_ip(const char *s, size_t len, int *family, unsigned char addr[16])
 	}
 	while (len > 0 && (s[len - 1] == ' ' || s[len - 1] == '\t'))
 		len--;
-	if (len == 0 || len >= sizeof(buf))
+	/* inet_pton would stop at a NUL and take "10.0.0.1\0x" for an
+	 * address; a key named in /v1/check can carry one. */
+	if (len == 0 || len >= sizeof(buf) || memchr(s, '\0', len))
 		return -1;
 	if (s[0] == '[') {
 		const char *close = memchr(s, ']', len);

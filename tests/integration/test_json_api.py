@@ -127,9 +127,13 @@ def test_named_address_on_an_ip_route_is_that_client(start_daemon, redis_server)
         assert v.get("unlimited") is True, v
     # not an address: a value, as before
     assert vcheck(d, {"route": "byip", "key": "unix"}).json()["limit"] == 3
+    # nor is an address followed by a NUL: not the address's client
+    v = vcheck(d, {"route": "byip", "key": "10.9.9.9\u0000x"}).json()
+    assert v["limit"] == 3 and v["key"] == "10.9.9.9\u0000x", v
     assert all_keys(redis_server.client()) == {
         rkey("byip", "10.9.9.9", "q", "fixed_window"),
-        rkey("byip", "unix", "q", "fixed_window")}
+        rkey("byip", "unix", "q", "fixed_window"),
+        rkey("byip", "10.9.9.9\u0000x", "q", "fixed_window")}
 
 
 def test_key_without_route_is_400(start_daemon):
@@ -302,7 +306,10 @@ def test_non_object_is_400(json_daemon, body):
 
 @pytest.mark.parametrize("body,says", [
     (b"", "empty body"),
-    (b'{"route":"api","key":"a\\u0000b"}', "\\u0000 is not allowed"),
+    (b'{"method":"GET","path":"/api/a\\u0000b"}', 'field "path" must not contain \\u0000'),
+    (b'{"path":"/api/x","headers":{"X-Api-Key":"a\\u0000b"}}',
+     'field "headers.x-api-key" must not contain \\u0000'),
+    (b'{"path":"/api/x","headers":{"X-Api\\u0000":"k"}}', "\\u0000 is not allowed in a field name"),
     (b'{"route":"api","key":"k","cost":99999999999999999999}', "number too big"),
 ])
 def test_json_errors_say_what_is_wrong(json_daemon, body, says):
@@ -436,6 +443,13 @@ def test_query_key_that_is_not_utf8(start_daemon):
     assert r.json()["key"] == "%FF" and r.json()["remaining"] == 2
     r = vcheck(d, {"path": "/q/x?k=caf%C3%A9%00x"})
     assert r.status_code == 200 and r.json()["key"] == "caf\u00e9\u0000x"
+    # SPEC 4: any byte may be in a key, so the key shown can be named back
+    # (a NUL was refused as malformed JSON), and it is the same client.
+    r = vcheck(d, {"route": "q", "key": "caf\u00e9\u0000x"})
+    assert r.status_code == 200, r.text
+    assert r.json()["key"] == "caf\u00e9\u0000x" and r.json()["remaining"] == 1
+    r = vcheck(d, {"route": "q", "key": "\u0000"})
+    assert r.status_code == 200 and r.json()["remaining"] == 2, r.text
     r = requests.get(d.url("/check/q/x?k=%FF"), timeout=2)
     assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "1"
     assert requests.get(d.url("/healthz"), timeout=2).status_code == 200
