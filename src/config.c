@@ -1440,7 +1440,12 @@ on_address(struct loader *ld, const struct node *nd, const char *key, char **out
 static int
 on_listen(struct loader *ld, const struct node *nd, const char *key, void *t)
 {
-	return on_address(ld, nd, key, &((struct config *)t)->listen);
+	struct config *c = t;
+
+	/* -t resolves it only after loading, and says where it is. */
+	c->listen_line = nd->line;
+	c->listen_col = nd->col;
+	return on_address(ld, nd, key, &c->listen);
 }
 
 static int

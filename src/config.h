@@ -132,6 +132,7 @@ struct config {
 	unsigned long	 generation;	/* bumps on every successful load */
 
 	char		*listen;
+	int		 listen_line, listen_col;	/* 0: the default */
 	int		 workers;	/* as written; 0 = auto */
 	int		 workers_running; /* threads in force, set by main */
 	int		 deny_status;

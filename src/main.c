@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <libgen.h>
+#include <limits.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <signal.h>
@@ -89,30 +90,42 @@ usage(FILE *fp)
 	    "       ratelimitd -h           print this help (--help)\n");
 }
 
-/* Up to CONFIG_ERRORS_SHOWN lines, then how many more, each to say. */
+/* Up to CONFIG_ERRORS_SHOWN lines, then how many more, each to say. The
+ * count goes at the place of the first line not said, so that it too has
+ * the FILE:LINE:COL a tool reading the output expects of every line. */
 static void
-say_lines(char *const *lines, size_t n, const char *what,
+say_lines(const char *path, char *const *lines, size_t n, const char *what,
     void (*say)(const char *))
 {
-	char more[64];
+	size_t plen = strlen(path);
+	char more[PATH_MAX + 128];
+	int line, col, at = 0;
 
 	for (size_t i = 0; i < n && i < CONFIG_ERRORS_SHOWN; i++)
 		say(lines[i]);
-	if (n > CONFIG_ERRORS_SHOWN) {
-		snprintf(more, sizeof(more), "... and %zu more %s",
+	if (n <= CONFIG_ERRORS_SHOWN)
+		return;
+	if (strncmp(lines[CONFIG_ERRORS_SHOWN], path, plen) != 0 ||
+	    sscanf(lines[CONFIG_ERRORS_SHOWN] + plen, ":%d:%d: %n", &line, &col,
+	    &at) != 2 || at == 0)
+		snprintf(more, sizeof(more), "%s: ... and %zu more %s", path,
 		    n - CONFIG_ERRORS_SHOWN, what);
-		say(more);
-	}
+	else
+		snprintf(more, sizeof(more), "%s:%d:%d: %s... and %zu more %s "
+		    "from here on", path, line, col, strcmp(what, "warnings") == 0 ?
+		    "warning: " : "", n - CONFIG_ERRORS_SHOWN, what);
+	say(more);
 }
 
 /* A refused file: its errors, then its warnings. -t and a refused start
  * print them; a refused reload logs them. */
 static void
-say_refused(const struct config_errors *errors, void (*say_error)(const char *),
-    void (*say_warning)(const char *))
+say_refused(const char *path, const struct config_errors *errors,
+    void (*say_error)(const char *), void (*say_warning)(const char *))
 {
-	say_lines(errors->lines, errors->n, "errors", say_error);
-	say_lines(errors->warnings, errors->nwarnings, "warnings", say_warning);
+	say_lines(path, errors->lines, errors->n, "errors", say_error);
+	say_lines(path, errors->warnings, errors->nwarnings, "warnings",
+	    say_warning);
 }
 
 static void
@@ -231,23 +244,23 @@ listen_resolve(const char *spec, struct addrinfo **chosen, const char **why)
 	"port to the gateway's network"
 
 /* -t: what starting would say of server.listen, short of binding (nginx
- * -t, too, resolves its listen addresses); 0, or -1 when it would fail. */
+ * -t, too, resolves its listen addresses): the error printed and -1 when
+ * starting would fail, else 0 and whether it reaches beyond loopback. */
 static int
-listen_check(const struct config *c)
+listen_check(const struct config *c, const char *where, int *beyond)
 {
 	struct addrinfo *res, *ai;
 	const char *why;
 
+	*beyond = 0;
 	if (strncmp(c->listen, "unix:", 5) == 0)
 		return 0;
 	if ((res = listen_resolve(c->listen, &ai, &why)) == NULL) {
-		fprintf(stderr, "%s: server.listen \"%s\": %s\n", c->path,
-		    c->listen, why);
+		fprintf(stderr, "%s%s: server.listen \"%s\": %s\n", c->path,
+		    where, c->listen, why);
 		return -1;
 	}
-	if (!loopback(ai->ai_addr))
-		fprintf(stderr, "%s: warning: server.listen %s " LISTEN_BEYOND_LOOPBACK
-		    "\n", c->path, c->listen);
+	*beyond = !loopback(ai->ai_addr);
 	freeaddrinfo(res);
 	return 0;
 }
@@ -323,7 +336,8 @@ reload(struct env *env, const char *why)
 		/* An error, not a warning: SPEC 2 has every refusal logged
 		 * with its places, whatever log.level hides. */
 		log_errorx("reload (%s) refused; the policy in force stays:", why);
-		say_refused(&errors, log_error_line, log_warning_line);
+		say_refused(env->config->path, &errors, log_error_line,
+		    log_warning_line);
 		metrics_reload(0);
 		/* Not again until the file changes; but a file that could not
 		 * be read for want of descriptors or memory is tried at the
@@ -670,7 +684,7 @@ run(const char *path)
 	if (stat(path, &env.loaded_stat) == -1)
 		memset(&env.loaded_stat, 0, sizeof(env.loaded_stat));
 	if ((env.config = config_load(path, &errors)) == NULL) {
-		say_refused(&errors, print_line, print_line);
+		say_refused(path, &errors, print_line, print_line);
 		config_errors_free(&errors);
 		return 1;
 	}
@@ -877,13 +891,24 @@ main(int argc, char **argv)
 		c = config_load(path, &errors);
 
 		if (c == NULL) {
-			say_refused(&errors, print_line, print_line);
+			say_refused(path, &errors, print_line, print_line);
 			config_errors_free(&errors);
 			return 1;
 		}
+		char where[32] = "";
+		int failed, beyond;
+
+		if (c->listen_line > 0)	/* FILE:LINE:COL, as other errors */
+			snprintf(where, sizeof(where), ":%d:%d", c->listen_line,
+			    c->listen_col);
+		/* the error first, then the warnings, as for a refused file */
+		failed = listen_check(c, where, &beyond) == -1;
 		for (size_t i = 0; i < c->nwarnings; i++)
 			fprintf(stderr, "%s\n", c->warnings[i]);
-		if (listen_check(c) == -1) {
+		if (beyond)
+			fprintf(stderr, "%s%s: warning: server.listen %s "
+			    LISTEN_BEYOND_LOOPBACK "\n", c->path, where, c->listen);
+		if (failed) {
 			config_unref(c);
 			return 1;
 		}

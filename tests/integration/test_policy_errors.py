@@ -595,7 +595,10 @@ def test_each_duplicate_route_name_is_one_error_naming_the_first(tmp_path):
     # 200,000 unknown keys printed as many lines)
     assert len(lines) == 100, len(lines)
     assert all(l.endswith('"a" (first at 2:12)') for l in lines), lines[:3]
-    assert "... and 199 more errors" in out, out[-3:]
+    # the count is a FILE:LINE:COL line too, at the first error not said
+    # (it had no place, and a tool reading every line as one choked on it)
+    assert out[100] == "%s:103:12: ... and 199 more errors from here on" % path, out[-3:]
+    assert len(run_bad(str(path))) == 101
 
 
 def test_long_values_are_cut_in_messages(tmp_path):
@@ -1140,6 +1143,28 @@ def test_forms_that_worked_still_load(tmp_path, lineno, text):
         assert err.count("\n") == 1, err
         err = ""
     assert p.returncode == 0 and err == "", err
+
+
+def test_an_unresolvable_listen_is_an_error_at_its_place(tmp_path):
+    """-t resolves server.listen: a name that does not resolve was said as
+    "FILE: message", the one error without LINE:COL, and after the
+    warnings; an address beyond loopback warned without a place too."""
+    text = "  listen: nosuchhost.invalid:8080"
+    path = write(tmp_path, variant({2: text}))
+    errs = run_bad(path)
+    assert len(errs) == 1 and errs[0][:2] == (2, col_of(text, "nosuch")), errs
+    assert errs[0][2].startswith('server.listen "nosuchhost.invalid:8080": '), errs
+    # with a warning: the error comes first, as for any refused file
+    path = write(tmp_path, ["server:", text, "routes: []"], "empty.yaml")
+    errs = run_bad(path)
+    assert [e[:2] for e in errs] == [(2, 11), (3, 9)], errs
+    assert errs[1][2].startswith("warning: routes: the list is empty"), errs
+    text = "  listen: 10.1.2.3:8080"
+    p = validate(write(tmp_path, variant({2: text}), "far.yaml"))
+    err = p.stderr.decode()
+    assert p.returncode == 0 and err.startswith(
+        "%s:2:11: warning: server.listen 10.1.2.3:8080 reaches beyond loopback"
+        % os.path.join(str(tmp_path), "far.yaml")), err
 
 
 @pytest.mark.parametrize("host,says", [
