@@ -9,4 +9,7 @@ done
 echo "installing:$missing"
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO=sudo
-$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+# env, inside sudo: sudo's own environment reset would drop the variable.
+$SUDO apt-get update -qq &&
+	$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	--no-install-recommends $missing >/dev/null

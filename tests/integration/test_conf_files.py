@@ -57,8 +57,9 @@ def test_make_run_survives_its_redis_going_first(tmp_path):
             with socket.create_connection(("127.0.0.1", port), timeout=0.5):
                 return True
         assert wait_until(up, timeout=10)
-        redis_pid = int(subprocess.run(["pgrep", "-f", "redis-server 127.0.0.1:%d" % rport],
-                                       capture_output=True, text=True).stdout.split()[0])
+        # Redis says its own PID (pgrep is procps, not in a minimal image)
+        import redis
+        redis_pid = int(redis.Redis(port=rport).info("server")["process_id"])
         os.kill(redis_pid, signal.SIGKILL)
         time.sleep(0.2)
         os.killpg(p.pid, signal.SIGINT)
