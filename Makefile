@@ -171,7 +171,8 @@ FUZZ_CFLAGS = $(CFLAGS) -fsanitize=fuzzer,address,undefined \
 	      -fno-sanitize-recover=all -fno-omit-frame-pointer -Isrc
 POLICY_FUZZ_SRCS = tests/fuzz/fuzz_policy.c src/config.c src/policy.c src/log.c \
 		   src/xmalloc.c
-HTTP_FUZZ_SRCS = tests/fuzz/fuzz_http.c tests/fuzz/loopback.c src/server.c src/log.c \
+HTTP_FUZZ_SRCS = tests/fuzz/fuzz_http.c tests/fuzz/loopback.c src/server.c src/chunked.c \
+		 src/log.c \
 		 src/xmalloc.c
 # The whole daemon but main.c, as one worker of it runs.
 CHECK_FUZZ_SRCS = tests/fuzz/fuzz_check.c tests/fuzz/loopback.c $(LIBSRCS) \

@@ -38,6 +38,7 @@
 #include <event2/listener.h>
 #include <linux/sockios.h>
 
+#include "chunked.h"
 #include "clock.h"
 #include "fmt.h"
 #include "log.h"
@@ -115,7 +116,11 @@ struct conn {
 	size_t		 c_in_size;
 	int		 c_head_parsed;		/* c_req holds a parsed head */
 	size_t		 c_head_len;		/* bytes of the head in c_in */
-	size_t		 c_body_need;		/* Content-Length */
+	size_t		 c_body_need;		/* Content-Length, or once a
+						 * chunked body is whole, its
+						 * encoded length */
+	int		 c_chunked;		/* Transfer-Encoding: chunked */
+	struct chunked	 c_chunk;
 	size_t		 c_req_len;		/* head + body, once complete */
 	char		*c_out;
 	size_t		 c_out_len, c_out_off, c_out_cap;
@@ -820,12 +825,25 @@ conn_in_reserve(struct conn *c, size_t need)
 	return 0;
 }
 
+/* Transfer-Encoding: chunked, and no other coding before it. */
+static int
+is_chunked(const char *te)
+{
+	while (*te == ' ' || *te == '\t')
+		te++;
+	if (strncasecmp(te, "chunked", 7) != 0)
+		return 0;
+	for (te += 7; *te == ' ' || *te == '\t'; te++)
+		;
+	return *te == '\0';
+}
+
 /* Parses the head of the next request; 0 ok, 1 incomplete, -1 answered. */
 static int
 conn_parse_head(struct conn *c)
 {
 	struct http_request *rq = &c->c_req;
-	const char *why = NULL, *cl, *conn_hdr;
+	const char *why = NULL, *cl, *te, *conn_hdr;
 	size_t head_len = find_head_end(c->c_in, c->c_in_len);
 	unsigned long long body = 0;
 	int status, conn_close = 0, conn_keep = 0;
@@ -843,12 +861,31 @@ conn_parse_head(struct conn *c)
 		conn_error(c, status, why);
 		return -1;
 	}
-	if (request_header(rq, "Transfer-Encoding")) {
-		/* Chunked bodies have no use here; refusing keeps framing safe. */
-		conn_error(c, 411, "send a Content-Length body, not Transfer-Encoding");
-		return -1;
-	}
 	cl = request_header(rq, "Content-Length");
+	if ((te = request_header(rq, "Transfer-Encoding")) != NULL) {
+		int lines = 0;
+
+		for (int i = 0; i < rq->rq_nheaders; i++)
+			lines += header_is(&rq->rq_headers[i], "Transfer-Encoding", 17);
+		/* RFC 9112 6.1 and 6.3: a body chunked by a client that
+		 * streams it (Go's http.Client, requests with a generator)
+		 * is read; framing that could be read two ways is refused,
+		 * and so is a coding nothing here can undo. */
+		if (cl != NULL) {
+			conn_error(c, 400, "both Transfer-Encoding and Content-Length");
+			return -1;
+		}
+		if (rq->rq_minor == 0) {
+			conn_error(c, 400, "Transfer-Encoding in an HTTP/1.0 request");
+			return -1;
+		}
+		if (lines > 1 || !is_chunked(te)) {
+			conn_error(c, 501, "Transfer-Encoding other than chunked");
+			return -1;
+		}
+	}
+	c->c_chunked = te != NULL;
+	memset(&c->c_chunk, 0, sizeof(c->c_chunk));
 	for (int i = 0; cl != NULL && i < rq->rq_nheaders; i++)
 		if (header_is(&rq->rq_headers[i], "Content-Length", 14) &&
 		    strcmp(rq->rq_headers[i].value, cl) != 0) {
@@ -913,6 +950,55 @@ conn_skip_empty_lines(struct conn *c)
 	return c->c_in_len;
 }
 
+/* A body still to come: the client that asked for it hears it may send. */
+static void
+conn_continue(struct conn *c)
+{
+	static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
+	const char *expect = request_header(&c->c_req, "Expect");
+
+	if (expect && strcasecmp(expect, "100-continue") == 0 &&
+	    c->c_req.rq_minor == 1 && !c->c_continue_sent) {
+		conn_out_append(c, cont, sizeof(cont) - 1);
+		conn_flush(c);
+		c->c_continue_sent = 1;
+	}
+}
+
+/*
+ * A chunked body, once whole, decoded where it lies (after the head) and
+ * its length returned; (size_t)-1 while incomplete or when answered with
+ * an error. The encoded body is read within the input limit that a
+ * Content-Length body of 64 KiB has, so chunks small enough to need more
+ * than that for 64 KiB of data get 413 too.
+ */
+static size_t
+conn_chunked_body(struct conn *c)
+{
+	const char *why = NULL;
+	size_t end;
+
+	switch (chunked_scan(&c->c_chunk, c->c_in + c->c_head_len,
+	    c->c_in_len - c->c_head_len, SERVER_BODY_MAX, &end, &why)) {
+	case CHUNKED_DONE:
+		c->c_body_need = end;
+		c->c_chunked = 0;	/* decoded: not again */
+		return chunked_decode(c->c_in + c->c_head_len, end);
+	case CHUNKED_MORE:
+		if (c->c_in_len < SERVER_IN_LIMIT) {
+			conn_continue(c);
+			return (size_t)-1;
+		}
+		/* FALLTHROUGH */
+	case CHUNKED_TOO_LARGE:
+		conn_error(c, 413, "request body larger than 64 KiB");
+		return (size_t)-1;
+	default:
+		conn_error(c, 400, why);
+		return (size_t)-1;
+	}
+}
+
 static void
 on_more(evutil_socket_t fd, short what, void *arg)
 {
@@ -938,6 +1024,7 @@ conn_process(struct conn *c)
 {
 	struct server *srv = c->c_server;
 	struct http_request *rq = &c->c_req;
+	size_t body_len;
 	int handled = 0;
 
 	if (c->c_processing || c->c_more)
@@ -969,21 +1056,16 @@ conn_process(struct conn *c)
 			break;
 		if (!c->c_head_parsed && conn_parse_head(c) != 0)
 			break;
-		if (c->c_in_len < c->c_head_len + c->c_body_need) {
-			const char *expect = request_header(rq, "Expect");
-
-			if (expect && strcasecmp(expect, "100-continue") == 0 &&
-			    rq->rq_minor == 1 && !c->c_continue_sent) {
-				static const char cont[] = "HTTP/1.1 100 Continue\r\n\r\n";
-
-				conn_out_append(c, cont, sizeof(cont) - 1);
-				conn_flush(c);
-				c->c_continue_sent = 1;
-			}
+		if (c->c_chunked) {
+			if ((body_len = conn_chunked_body(c)) == (size_t)-1)
+				break;
+		} else if (c->c_in_len < c->c_head_len + c->c_body_need) {
+			conn_continue(c);
 			break;
-		}
+		} else
+			body_len = c->c_body_need;
 		rq->rq_body = c->c_in + c->c_head_len;
-		rq->rq_body_len = c->c_body_need;
+		rq->rq_body_len = body_len;
 		c->c_req_len = c->c_head_len + c->c_body_need;
 		rq->rq_out_len = 0;
 		rq->rq_arrival_us = c->c_read_us;

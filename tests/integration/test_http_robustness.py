@@ -1184,3 +1184,72 @@ def test_a_pipelining_flood_leaves_other_checks_their_turn(start_daemon):
         (len([a for a in answers if a != (200, "4")]) <= 2 and
          all(a == (200, "-1") for a in answers if a != (200, "4"))), answers
     assert healthy(d)
+
+
+def test_chunked_bodies_are_read(start_daemon):
+    """RFC 9112 6.1: an HTTP/1.1 server reads a chunked body. Every one got
+    411, so a client streaming its body (Go's http.Client with a Reader,
+    requests with a generator) could not call /v1/check."""
+    d = start_daemon(POL)
+    body = json.dumps({"route": "r", "key": "chunky"}).encode()
+
+    def gen():
+        yield body[:7]
+        yield body[7:]
+    r = requests.post(d.url("/v1/check"), data=gen(), timeout=2)
+    assert r.request.headers.get("Transfer-Encoding") == "chunked"
+    assert r.status_code == 200 and r.json()["remaining"] == 4, r.text
+    head = b"POST /v1/check HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+    # 100-continue; extensions, trailers, bare LFs, and a request after it
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=3)
+    s.sendall(head + b"Expect: 100-continue\r\n\r\n")
+    assert s.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    s.sendall(b"5;x=\"y\"\r\n" + body[:5] + b"\r\n" + b"%x\n" % (len(body) - 5) +
+              body[5:] + b"\n0\r\nX-Trailer: 1\r\n\r\n" +
+              b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    out = b""
+    while not out.endswith(b"\r\n\r\nok"):
+        b = s.recv(65536)
+        assert b, out
+        out += b
+    s.close()
+    assert out.startswith(b"HTTP/1.1 200 OK\r\n") and b'"remaining":3' in out, out
+    # split at every byte, it is the same request
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=3)
+    one = head + b"\r\n%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+    for i in range(len(one)):
+        s.sendall(one[i:i + 1])
+        time.sleep(0.001)
+    got = b""
+    while b'"limits"' not in got:
+        got += s.recv(65536)
+    s.close()
+    assert got.startswith(b"HTTP/1.1 200 OK") and b'"remaining":2' in got, got
+
+
+@pytest.mark.parametrize("raw,status,says", [
+    (b"Transfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n0\r\n\r\n", 400,
+     b"both Transfer-Encoding and Content-Length"),
+    (b"Transfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501,
+     b"Transfer-Encoding other than chunked"),
+    (b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 501,
+     b"Transfer-Encoding other than chunked"),
+    (b"Transfer-Encoding: chunked\r\n\r\nzz\r\n", 400, b"malformed chunk size"),
+    (b"Transfer-Encoding: chunked\r\n\r\n3\r\nabcd\r\n0\r\n\r\n", 400,
+     b"chunk data not followed by CRLF"),
+    (b"Transfer-Encoding: chunked\r\n\r\n" + b"4000\r\n" + b"x" * 16384 + b"\r\n" +
+     b"4000\r\n" + b"x" * 16384 + b"\r\n" + b"8001\r\n", 413, b"larger than 64 KiB"),
+    # 64 KiB of data in one-byte chunks is more than the input a body
+    # may take
+    (b"Transfer-Encoding: chunked\r\n\r\n" + b"1\r\nx\r\n" * 20000 + b"0\r\n\r\n", 413,
+     b"larger than 64 KiB"),
+], ids=["te+cl", "gzip", "te-twice", "bad-size", "no-crlf", "over-64k", "tiny-chunks"])
+def test_chunked_framing_errors(garbage_daemon, raw, status, says):
+    d = garbage_daemon[0]
+    out = raw_http(d.port, b"POST /v1/check HTTP/1.1\r\nHost: x\r\n" + raw)
+    assert status_of(out) == status and says in out, out[:300]
+    assert b"Connection: close" in out
+    out = raw_http(d.port, b"POST /v1/check HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"
+                   b"0\r\n\r\n")
+    assert status_of(out) == 400 and b"HTTP/1.0" in out, out
+    assert healthy(d)

@@ -2,7 +2,7 @@
  * Unit tests for the pure modules: durations and rates, the policy loader
  * and its error positions, path normalization, route and key resolution,
  * client IP, Redis key encoding, reply parsing and header values, and the
- * deny cache. A {name, fn} table; the last line is "N passed, N failed".
+ * deny cache, chunked bodies. A {name, fn} table; the last line is "N passed, N failed".
  */
 #define _GNU_SOURCE
 #include <limits.h>
@@ -16,6 +16,7 @@
 
 #include <hiredis/hiredis.h>
 
+#include "chunked.h"
 #include "config.h"
 #include "denycache.h"
 #include "fmt.h"
@@ -919,6 +920,85 @@ cache_denial(struct denycache *dc, struct config *c, const struct route *route,
 	denycache_put(dc, c, route, two, key, 1, v, sent_us, answered_us, 1);
 }
 
+/* Scans body whole, and again fed one byte more at a time (as reads may
+ * bring it), and checks both agree; returns the result and *out the data. */
+static int
+chunked_both(const char *body, size_t max, char *out, size_t *outlen,
+    const char **why)
+{
+	size_t n = strlen(body), end = 0, end1 = 0;
+	struct chunked st, st1;
+	char *buf = strdup(body);
+	int r, r1 = CHUNKED_MORE;
+
+	memset(&st, 0, sizeof(st));
+	r = chunked_scan(&st, buf, n, max, &end, why);
+	memset(&st1, 0, sizeof(st1));
+	for (size_t i = 1; i <= n && r1 == CHUNKED_MORE; i++)
+		r1 = chunked_scan(&st1, buf, i, max, &end1, why);
+	CHECK(r == r1);
+	if (r == CHUNKED_DONE) {
+		CHECK(end == end1);
+		*outlen = chunked_decode(buf, end);
+		memcpy(out, buf, *outlen);
+		out[*outlen] = '\0';
+	}
+	free(buf);
+	return r;
+}
+
+static void
+test_chunked(void)
+{
+	char out[256];
+	size_t len = 0, end = 0;
+	const char *why = NULL;
+	struct chunked st;
+
+	CHECK(chunked_both("5\r\nhello\r\n6;ext=\"a b\"\r\n world\r\n0\r\n\r\n",
+	    100, out, &len, &why) == CHUNKED_DONE);
+	CHECK_STR(out, "hello world");
+	/* bare LF, leading zeros, upper-case hex, trailers skipped */
+	CHECK(chunked_both("0A\nabcdefghij\n000\nX-T: 1\nY: 2\n\n", 100, out,
+	    &len, &why) == CHUNKED_DONE);
+	CHECK_STR(out, "abcdefghij");
+	CHECK(chunked_both("0\r\n\r\n", 100, out, &len, &why) == CHUNKED_DONE);
+	CHECK(len == 0);
+	CHECK(chunked_both("zz\r\n", 100, out, &len, &why) == CHUNKED_BAD);
+	CHECK_STR(why, "malformed chunk size");
+	CHECK(chunked_both("3 x\r\nabc\r\n0\r\n\r\n", 100, out, &len, &why) ==
+	    CHUNKED_BAD);
+	CHECK(chunked_both("3\r\nabcd\r\n0\r\n\r\n", 100, out, &len, &why) ==
+	    CHUNKED_BAD);
+	CHECK_STR(why, "chunk data not followed by CRLF");
+	/* data over max, however the sizes are split; hex that would
+	 * overflow is too large, not wrapped */
+	CHECK(chunked_both("6\r\nabcdef\r\n5\r\nghijk\r\n0\r\n\r\n", 10, out, &len,
+	    &why) == CHUNKED_TOO_LARGE);
+	CHECK(chunked_both("5\r\nabcde\r\n5\r\nfghij\r\n0\r\n\r\n", 10, out, &len,
+	    &why) == CHUNKED_DONE);
+	CHECK(chunked_both("10000000000000001\r\nx\r\n", 10, out, &len, &why) ==
+	    CHUNKED_TOO_LARGE);
+	/* incomplete until the empty line after the trailers */
+	memset(&st, 0, sizeof(st));
+	CHECK(chunked_scan(&st, "1\r\na\r\n0\r\nX: y\r\n", 15, 10, &end, &why) ==
+	    CHUNKED_MORE);
+	/* a size line with no end is refused once it is longer than any */
+	{
+		char line[5000];
+
+		memset(line, '0', sizeof(line) - 1);
+		line[sizeof(line) - 1] = '\0';
+		memset(&st, 0, sizeof(st));
+		CHECK(chunked_scan(&st, line, strlen(line), 10, &end, &why) ==
+		    CHUNKED_BAD);
+	}
+	/* what follows the body (a pipelined request) is not read */
+	memset(&st, 0, sizeof(st));
+	CHECK(chunked_scan(&st, "1\r\na\r\n0\r\n\r\nGET / HTTP/1.1\r\n", 26, 10,
+	    &end, &why) == CHUNKED_DONE && end == 11);
+}
+
 static void
 test_denycache(void)
 {
@@ -1038,6 +1118,7 @@ static const struct {
 	{ "verdict and headers", test_verdict_and_headers },
 	{ "numbers and dates", test_formatting },
 	{ "deny cache", test_denycache },
+	{ "chunked bodies", test_chunked },
 };
 
 int
