@@ -99,6 +99,7 @@ struct store {
 	char			*st_address;
 	char			*st_username;
 	char			*st_password;
+	char			*st_password_env;	/* its variable's name */
 	int			 st_database;
 	long long		 st_connect_timeout_us;
 	long long		 st_timeout_us;	/* redis.timeout */
@@ -246,7 +247,12 @@ static void
 link_answered(struct store *st, int checks_written)
 {
 	if (st->st_stalled && (checks_written || !st->st_readonly)) {
-		log_info("%s: answering again", st->st_who);
+		/* at the level its outage was said, or a log kept at
+		 * warn shows Redis going and never coming back */
+		if (st->st_logged_down)
+			log_warnx("%s: answering again", st->st_who);
+		else
+			log_info("%s: answering again", st->st_who);
 		st->st_stalled = 0;
 		st->st_readonly = 0;
 		st->st_backoff_us = STORE_BACKOFF_MIN_US;
@@ -363,13 +369,20 @@ static void
 handshake_refused(struct store *st, const char *step, const char *error)
 {
 	/* What to do about the two an operator meets first. */
-	const char *hint = strncmp(error, "NOAUTH", 6) == 0 && st->st_password == NULL ?
-	    " (this Redis wants a password: set redis.password_env to the name "
-	    "of an environment variable that holds it)" :
-	    strncmp(error, "WRONGPASS", 9) == 0 ? " (check redis.username and "
-	    "the variable redis.password_env names)" : "";
+	const char *hint = strncmp(error, "WRONGPASS", 9) == 0 ? " (check "
+	    "redis.username and the variable redis.password_env names)" : "";
 
-	if (!st->st_logged_handshake)
+	if (strncmp(error, "NOAUTH", 6) == 0 && st->st_password == NULL) {
+		if (!st->st_logged_handshake && st->st_password_env)
+			log_warnx("%s: %s failed: %s (this Redis wants a password: "
+			    "%s, the variable redis.password_env names, is unset "
+			    "or empty in the daemon's environment)", st->st_who,
+			    step, error, st->st_password_env);
+		else if (!st->st_logged_handshake)
+			log_warnx("%s: %s failed: %s (this Redis wants a password: "
+			    "set redis.password_env to the name of an environment "
+			    "variable that holds it)", st->st_who, step, error);
+	} else if (!st->st_logged_handshake)
 		log_warnx("%s: %s failed: %s%s", st->st_who, step, error, hint);
 	st->st_logged_handshake = 1;
 	st->st_logged_down = 1;
@@ -416,8 +429,12 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 		if (!st->st_stalled && !st->st_flapping) {
 			st->st_backoff_us = STORE_BACKOFF_MIN_US;
 			/* Said for the first link too: an operator sees
-			 * which Redis each worker uses. */
-			log_info("%s: connected", st->st_who);
+			 * which Redis each worker uses; after an outage at
+			 * its level (see link_answered). */
+			if (st->st_logged_down)
+				log_warnx("%s: connected", st->st_who);
+			else
+				log_info("%s: connected", st->st_who);
 			st->st_logged_down = 0;
 		} else
 			log_debug("%s: connected again; waiting for %s",
@@ -793,8 +810,12 @@ on_watchdog(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (st->st_flapping && st->st_state == STORE_UP && !st->st_stalled &&
 	    now - st->st_up_us >= STORE_STEADY_US) {
-		log_info("%s: connected (the link has held for %lld ms)", st->st_who,
-		    STORE_STEADY_US / 1000);
+		if (st->st_logged_down)
+			log_warnx("%s: connected (the link has held for %lld ms)",
+			    st->st_who, STORE_STEADY_US / 1000);
+		else
+			log_info("%s: connected (the link has held for %lld ms)",
+			    st->st_who, STORE_STEADY_US / 1000);
 		st->st_flapping = 0;
 		st->st_backoff_us = STORE_BACKOFF_MIN_US;
 		st->st_logged_down = 0;
@@ -1189,6 +1210,7 @@ store_new(int worker, struct event_base *base, const struct config *config,
 	st->st_who = xasprintf("worker %d: redis %s", worker, st->st_address);
 	replace(&st->st_username, config->redis_username);
 	replace(&st->st_password, config->redis_password);
+	replace(&st->st_password_env, config->redis_password_env);
 	st->st_database = config->redis_database;
 	store_connect(st);
 	return st;
@@ -1220,5 +1242,6 @@ store_free(struct store *st)
 	free(st->st_who);
 	replace(&st->st_username, NULL);
 	replace(&st->st_password, NULL);
+	replace(&st->st_password_env, NULL);
 	free(st);
 }

@@ -188,6 +188,21 @@ def test_level_warn_hides_info(ops_daemon):
     assert any(o["level"] in ("warn", "warning", "error") for o in lines), lines
 
 
+def test_level_warn_shows_redis_coming_back(ops_daemon, redis_server):
+    """An outage is said at warn, and so is its end: at info, the end was
+    filtered out of a log kept at warn, which read as a Redis that never
+    came back."""
+    d = ops_daemon(log_policy("{level: warn, format: json}"))
+    assert redis_server.client().client_kill_filter(_type="normal") >= 1
+    assert wait_until(lambda: any(": connected" in o["msg"] for o in json_lines(d)
+                                  if o["level"] != "access"), timeout=5), json_lines(d)
+    msgs = [(o["level"], o["msg"]) for o in json_lines(d)]
+    down = [i for i, (_, m) in enumerate(msgs) if "disconnected" in m]
+    up = [i for i, (_, m) in enumerate(msgs) if ": connected" in m]
+    assert down and up and down[0] < up[0], msgs
+    assert msgs[up[0]][0] == "warn", msgs
+
+
 def test_level_error_still_logs_a_refused_reload(ops_daemon):
     """SPEC 2: a refused file is logged with its line and column. Its lines
     were warnings, which log.level error hid: only the metric said."""

@@ -735,7 +735,10 @@ def test_redis_reasons_for_refusing_are_logged(start_daemon, redis_server):
         time.sleep(0.5)
         log = d.log()
         assert log.count("INFO failed: NOAUTH") == 1, log
-        assert "this Redis wants a password: set redis.password_env" in log, log
+        # the variable named, as it is the one to set (the hint said to
+        # set redis.password_env, which was set)
+        assert "this Redis wants a password: REDIS_PASSWORD, the variable " \
+            "redis.password_env names, is unset or empty" in log, log
         assert "Protocol error" not in log and "SCRIPT LOAD" not in log, log
     finally:
         rc = redis.Redis(host="127.0.0.1", port=redis_server.port, password=PASSWORD)
