@@ -22,6 +22,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -159,12 +161,14 @@ struct server {
 	struct evconnlistener	*s_listener;
 	struct event		*s_accept_retry_ev;
 	struct event		*s_full_ev;	/* see on_full */
+	struct event		*s_cap_ev;	/* see on_cap_reached */
+	LIST_ENTRY(server)	 s_entry;	/* in servers */
 	long long		 s_idle_us;
 	int			 s_draining;	/* see server_drain */
 	long long		 s_accept_logged_us;
 	unsigned long long	 s_accept_unlogged;
-	size_t			 s_nconns;
-	size_t			 s_max_conns;	/* SIZE_MAX until set */
+	size_t			 s_nconns;	/* this worker's */
+	size_t			 s_max_conns;	/* all workers': SIZE_MAX until set */
 	int			 s_full;	/* not accepting: at the cap */
 	long long		 s_full_logged_us;
 	server_handler		 s_handler;
@@ -283,9 +287,32 @@ reason(int status)
 	}
 }
 
+/*
+ * Connections open in every worker together: server.max_connections caps
+ * their sum. A share per worker left most of a gateway's pool to one
+ * worker's share, as the kernel hands a shared listening socket's
+ * connections out unevenly (one worker took 25 of 30), and that worker
+ * closed idle connections with the daemon far below the cap. At the cap,
+ * the worker taking a new connection closes its own idle longest; one
+ * with none stops accepting, and the others, which listen on the same
+ * socket, still take connections they can make room for.
+ */
+static atomic_size_t conns_open;
+
+/* The workers' servers, for the one that reaches the cap to tell the
+ * others (see on_cap_reached). */
+static pthread_mutex_t servers_lock = PTHREAD_MUTEX_INITIALIZER;
+static LIST_HEAD(, server) servers = LIST_HEAD_INITIALIZER(servers);
+
+static size_t
+open_total(void)
+{
+	return atomic_load_explicit(&conns_open, memory_order_relaxed);
+}
+
 static void accept_again(struct server *);
 static int server_has_waiters(struct server *);
-static void server_full(struct server *);
+static void server_full(struct server *, int);
 static void server_room(struct server *);
 static int close_an_idle_connection(struct server *, const struct conn *,
     int);
@@ -296,7 +323,9 @@ conn_free(struct conn *c)
 	struct server *srv = c->c_server;
 
 	LIST_REMOVE(c, c_entry);
-	if (--srv->s_nconns < srv->s_max_conns)
+	srv->s_nconns--;
+	if (atomic_fetch_sub_explicit(&conns_open, 1, memory_order_relaxed) - 1 <
+	    srv->s_max_conns)
 		server_room(srv);
 	event_free(c->c_read_ev);
 	event_free(c->c_write_ev);
@@ -349,7 +378,7 @@ conn_settle(struct conn *c)
 			/* It holds a slot it will never use: a worker at its
 			 * cap takes new connections again, and this one makes
 			 * room (close_an_idle_connection). */
-			if (c->c_server->s_nconns <= c->c_server->s_max_conns)
+			if (open_total() <= c->c_server->s_max_conns)
 				server_room(c->c_server);
 		}
 		return;
@@ -357,7 +386,7 @@ conn_settle(struct conn *c)
 	if (c->c_closing || c->c_eof)
 		conn_free(c);
 	else if (c->c_server->s_full && conn_idle(c) &&
-	    c->c_server->s_nconns <= c->c_server->s_max_conns)
+	    open_total() <= c->c_server->s_max_conns)
 		/* Idle now, at the cap: a connection that came meanwhile
 		 * waits in the backlog, unseen. Accepting again lets the next
 		 * one make room by closing the connection idle longest. */
@@ -1210,6 +1239,7 @@ on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
 {
 	struct server *srv = arg;
 	struct conn *c = xcalloc(1, sizeof(*c));
+	size_t total;
 	int one = 1;
 
 	(void)lev;
@@ -1239,15 +1269,17 @@ on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
 	idle_arm(c, srv->s_idle_us);
 	/* Over the cap, the connection idle longest makes room; at it, the
 	 * worker stops accepting unless one is idle to make room for the
-	 * next. (So a worker holds one more than its share while another
-	 * connection goes from idle to busy in the meantime.) */
-	if (++srv->s_nconns > srv->s_max_conns &&
-	    !close_an_idle_connection(srv, c, 1))
-		server_full(srv);
+	 * next. (So the daemon holds one more than the cap while another
+	 * connection goes from idle to busy in the meantime, or one more per
+	 * worker when they accept at the same moment.) */
+	srv->s_nconns++;
+	total = atomic_fetch_add_explicit(&conns_open, 1, memory_order_relaxed) + 1;
+	if (total > srv->s_max_conns && !close_an_idle_connection(srv, c, 1))
+		server_full(srv, 1);
 	/* At the cap (after making room, too): the next needs another. */
-	else if (srv->s_nconns >= srv->s_max_conns &&
+	else if (total >= srv->s_max_conns && open_total() >= srv->s_max_conns &&
 	    !close_an_idle_connection(srv, c, 0))
-		server_full(srv);
+		server_full(srv, 1);
 }
 
 /*
@@ -1344,7 +1376,7 @@ full_arm(struct server *srv)
  * what bounds the memory a flood of connections can take.
  */
 static void
-server_full(struct server *srv)
+server_full(struct server *srv, int tell_others)
 {
 	long long now = mono_us();
 
@@ -1353,11 +1385,22 @@ server_full(struct server *srv)
 	srv->s_full = 1;
 	evconnlistener_disable(srv->s_listener);
 	full_arm(srv);
+	if (tell_others) {
+		struct server *o;
+
+		pthread_mutex_lock(&servers_lock);
+		LIST_FOREACH(o, &servers, s_entry)
+			if (o != srv)
+				event_active(o->s_cap_ev, 0, 0);
+		pthread_mutex_unlock(&servers_lock);
+	}
 	if (srv->s_max_conns > 0 && (srv->s_full_logged_us == 0 ||
 	    now - srv->s_full_logged_us >= SERVER_ACCEPT_LOG_US)) {
-		log_warnx("%zu connection%s open, this worker's share of "
-		    "server.max_connections is %zu; new ones wait", srv->s_nconns,
-		    srv->s_nconns == 1 ? "" : "s", srv->s_max_conns);
+		size_t total = open_total();
+
+		log_warnx("%zu connection%s open (%zu in this worker), at "
+		    "server.max_connections %zu; new ones wait", total,
+		    total == 1 ? "" : "s", srv->s_nconns, srv->s_max_conns);
 		srv->s_full_logged_us = now;
 	}
 }
@@ -1373,6 +1416,20 @@ server_room(struct server *srv)
 	}
 }
 
+/* Another worker reached the cap: one with nothing idle to close stops
+ * accepting now, not after taking one more connection past the cap. */
+static void
+on_cap_reached(evutil_socket_t fd, short what, void *arg)
+{
+	struct server *srv = arg;
+
+	(void)fd;
+	(void)what;
+	if (!srv->s_full && open_total() >= srv->s_max_conns &&
+	    !close_an_idle_connection(srv, NULL, 0))
+		server_full(srv, 0);
+}
+
 /* Full, and nothing closed or went idle since: a connection that has
  * said nothing may have become idle by waiting (conn_idle). The next
  * connection accepted closes it. */
@@ -1385,7 +1442,10 @@ on_full(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (!srv->s_full)
 		return;
-	if (close_an_idle_connection(srv, NULL, 0))
+	/* Room made in another worker is seen here: its closes wake only
+	 * itself. */
+	if (open_total() < srv->s_max_conns ||
+	    close_an_idle_connection(srv, NULL, 0))
 		server_room(srv);
 	else
 		full_arm(srv);
@@ -1479,6 +1539,10 @@ server_new(struct event_base *base, int listen_fd, server_handler handler,
 	evconnlistener_set_error_cb(srv->s_listener, on_accept_error);
 	srv->s_accept_retry_ev = evtimer_new(base, on_accept_retry, srv);
 	srv->s_full_ev = evtimer_new(base, on_full, srv);
+	srv->s_cap_ev = event_new(base, -1, 0, on_cap_reached, srv);
+	pthread_mutex_lock(&servers_lock);
+	LIST_INSERT_HEAD(&servers, srv, s_entry);
+	pthread_mutex_unlock(&servers_lock);
 	return srv;
 }
 
@@ -1491,12 +1555,17 @@ server_set_idle_timeout(struct server *srv, long long us)
 void
 server_set_max_connections(struct server *srv, size_t n)
 {
+	size_t total = open_total();
+
 	srv->s_max_conns = n;
-	if (srv->s_nconns > n)
-		close_idle_connections(srv, srv->s_nconns - n);
-	if (srv->s_nconns > n ||
-	    (srv->s_nconns == n && !close_an_idle_connection(srv, NULL, 0)))
-		server_full(srv);
+	/* Each worker closes its part of the excess, in proportion to what
+	 * it holds, rounded up. */
+	if (total > n && total > 0)
+		close_idle_connections(srv, ((total - n) * srv->s_nconns +
+		    total - 1) / total);
+	total = open_total();
+	if (total > n || (total == n && !close_an_idle_connection(srv, NULL, 0)))
+		server_full(srv, 0);
 	else
 		server_room(srv);
 }
@@ -1554,11 +1623,15 @@ server_free(struct server *srv)
 {
 	if (srv == NULL)
 		return;
+	pthread_mutex_lock(&servers_lock);
+	LIST_REMOVE(srv, s_entry);
+	pthread_mutex_unlock(&servers_lock);
 	server_stop_accepting(srv);
 	while (!LIST_EMPTY(&srv->s_conns))
 		conn_free(LIST_FIRST(&srv->s_conns));
 	event_free(srv->s_accept_retry_ev);
 	event_free(srv->s_full_ev);
+	event_free(srv->s_cap_ev);
 	free(srv);
 }
 

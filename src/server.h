@@ -22,8 +22,9 @@ typedef void (*request_gone_cb)(void *arg);
 struct server *server_new(struct event_base *base, int listen_fd,
     server_handler handler, void *arg);
 void server_set_idle_timeout(struct server *srv, long long us);
-/* Caps the open connections at n: at it, the one idle longest is closed
- * for a new one; with none idle, accepting stops until one closes. */
+/* Caps the connections open in all the workers together at n: at it, the
+ * one idle longest in the worker taking a new one is closed for it; with
+ * none idle, that worker stops accepting until there is room. */
 void server_set_max_connections(struct server *srv, size_t n);
 /* Stops accepting; connections already open keep being served. */
 void server_stop_accepting(struct server *srv);

@@ -29,15 +29,11 @@ static void
 apply_http_settings(struct worker *w)
 {
 	const struct config *c = w->w_config;
-	long long n = c->workers_running > 0 ? c->workers_running : 1;
-	long long total = config_connections_in_force(c);
 
 	server_set_idle_timeout(w->w_server, c->idle_timeout_us);
-	/* Shares that add up to the cap, the first workers taking one more
-	 * (a share may be 0); a worker at its own accepts no more, the
-	 * others still do. */
+	/* The daemon's cap, not a share: see conns_open in server.c. */
 	server_set_max_connections(w->w_server,
-	    (size_t)(total / n + (w->w_id < total % n)));
+	    (size_t)config_connections_in_force(c));
 }
 
 /* A retired store is looked at this often until it is freed. */
