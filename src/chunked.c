@@ -6,22 +6,11 @@
 #include <string.h>
 
 #include "chunked.h"
+#include "fmt.h"
 
 /* A size line longer than this is no client's (nginx allows about 4 KiB
  * of extensions too). */
 #define CHUNKED_LINE_MAX	4096
-
-static int
-hexval(int c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
 
 /*
  * The size line at p[0..len) (its LF excluded): the size, or -1 when it is
@@ -35,8 +24,8 @@ size_line(const char *p, size_t len, size_t max)
 
 	if (len > 0 && p[len - 1] == '\r')
 		len--;
-	for (; i < len && hexval((unsigned char)p[i]) >= 0; i++) {
-		size = size * 16 + (unsigned long long)hexval((unsigned char)p[i]);
+	for (; i < len && fmt_hexval((unsigned char)p[i]) >= 0; i++) {
+		size = size * 16 + (unsigned long long)fmt_hexval((unsigned char)p[i]);
 		if (size > max)
 			return -2;	/* before it can overflow */
 	}
@@ -121,8 +110,8 @@ chunked_decode(char *p, size_t end)
 		const char *lf = memchr(p + at, '\n', end - at);
 		size_t size = 0;
 
-		for (size_t i = at; hexval((unsigned char)p[i]) >= 0; i++)
-			size = size * 16 + (size_t)hexval((unsigned char)p[i]);
+		for (size_t i = at; fmt_hexval((unsigned char)p[i]) >= 0; i++)
+			size = size * 16 + (size_t)fmt_hexval((unsigned char)p[i]);
 		if (size == 0)
 			break;	/* the last chunk: trailers follow */
 		at = (size_t)(lf - p) + 1;

@@ -10,6 +10,19 @@
 #include <string.h>
 #include <time.h>
 
+/* A hex digit's value, or -1 (percent-escapes, chunk sizes). */
+static inline int
+fmt_hexval(int c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
 /* Room for any long long, its sign and the NUL. */
 #define FMT_LL_MAX	24
 

@@ -9,20 +9,9 @@
 #include <string.h>
 #include <strings.h>
 
+#include "fmt.h"
 #include "policy.h"
 #include "xmalloc.h"
-
-static int
-hexval(int c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
 
 const char *
 policy_origin_form(const char *uri)
@@ -54,8 +43,8 @@ policy_normalize_uri(const char *uri, char *buf, size_t size, const char **query
 	for (; *p && *p != '?' && *p != '#' && o < size - 1; p++) {
 		int c = (unsigned char)*p;
 
-		if (c == '%' && hexval(p[1]) >= 0 && hexval(p[2]) >= 0) {
-			int d = hexval(p[1]) * 16 + hexval(p[2]);
+		if (c == '%' && fmt_hexval(p[1]) >= 0 && fmt_hexval(p[2]) >= 0) {
+			int d = fmt_hexval(p[1]) * 16 + fmt_hexval(p[2]);
 
 			/* %2F decodes to a slash that separates segments, as
 			 * nginx decodes it before choosing a location: left
@@ -217,9 +206,9 @@ form_byte(const char *src, size_t len, size_t *i)
 
 	if (c == '+')
 		c = ' ';
-	else if (c == '%' && *i + 2 < len && hexval(src[*i + 1]) >= 0 &&
-	    hexval(src[*i + 2]) >= 0) {
-		c = (char)(hexval(src[*i + 1]) * 16 + hexval(src[*i + 2]));
+	else if (c == '%' && *i + 2 < len && fmt_hexval(src[*i + 1]) >= 0 &&
+	    fmt_hexval(src[*i + 2]) >= 0) {
+		c = (char)(fmt_hexval(src[*i + 1]) * 16 + fmt_hexval(src[*i + 2]));
 		*i += 2;
 	}
 	(*i)++;
