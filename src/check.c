@@ -927,6 +927,14 @@ check_json(struct worker *w, struct http_request *req)
 		}
 		desc.ip = ip;	/* canonical, where json_describe looks for it */
 	}
+	/* A method is a token (RFC 9110 9.1), as a request line carries it:
+	 * "G ET" would never match a route's methods, and say nothing of
+	 * why. */
+	if (desc.method && *desc.method && !config_token_ok(desc.method)) {
+		http_reply_json_error(req, 400, "field \"method\" is not an HTTP "
+		    "method (a token, such as GET)");
+		goto out;
+	}
 	/* What /check can carry in its 16 KiB head (nginx refuses a request
 	 * line over 8 KiB): each regex route scans the whole path, so a longer
 	 * one only buys a client more of the worker's time. */
