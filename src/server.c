@@ -908,7 +908,11 @@ conn_parse_head(struct conn *c)
 			conn_error(c, 400, "Transfer-Encoding in an HTTP/1.0 request");
 			return -1;
 		}
-		if (lines > 1 || !is_chunked(te)) {
+		if (lines > 1) {	/* which one counts? as nginx */
+			conn_error(c, 400, "Transfer-Encoding given twice");
+			return -1;
+		}
+		if (!is_chunked(te)) {
 			conn_error(c, 501, "Transfer-Encoding other than chunked");
 			return -1;
 		}
@@ -1018,7 +1022,9 @@ conn_chunked_body(struct conn *c)
 			conn_continue(c);
 			return (size_t)-1;
 		}
-		/* FALLTHROUGH */
+		conn_error(c, 413, "request too large: its head and chunked body "
+		    "over 84 KiB");
+		return (size_t)-1;
 	case CHUNKED_TOO_LARGE:
 		conn_error(c, 413, "request body larger than 64 KiB");
 		return (size_t)-1;
@@ -1274,11 +1280,14 @@ on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
 	 * worker when they accept at the same moment.) */
 	srv->s_nconns++;
 	total = atomic_fetch_add_explicit(&conns_open, 1, memory_order_relaxed) + 1;
-	if (total > srv->s_max_conns && !close_an_idle_connection(srv, c, 1))
+	/* As many as the daemon is over: another worker that took one past
+	 * the cap, with nothing idle to close, leaves it to the next. */
+	while (total > srv->s_max_conns && close_an_idle_connection(srv, c, 1))
+		total = open_total();
+	if (total > srv->s_max_conns)
 		server_full(srv, 1);
 	/* At the cap (after making room, too): the next needs another. */
-	else if (total >= srv->s_max_conns && open_total() >= srv->s_max_conns &&
-	    !close_an_idle_connection(srv, c, 0))
+	else if (total == srv->s_max_conns && !close_an_idle_connection(srv, c, 0))
 		server_full(srv, 1);
 }
 
@@ -1559,10 +1568,12 @@ server_set_max_connections(struct server *srv, size_t n)
 
 	srv->s_max_conns = n;
 	/* Each worker closes its part of the excess, in proportion to what
-	 * it holds, rounded up. */
-	if (total > n && total > 0)
-		close_idle_connections(srv, ((total - n) * srv->s_nconns +
-		    total - 1) / total);
+	 * it holds, rounded down; then one at a time while the daemon is
+	 * still over, as the others' closes change the total meanwhile. */
+	if (total > n)
+		close_idle_connections(srv, (total - n) * srv->s_nconns / total);
+	while (open_total() > n && close_an_idle_connection(srv, NULL, 1))
+		;
 	total = open_total();
 	if (total > n || (total == n && !close_an_idle_connection(srv, NULL, 0)))
 		server_full(srv, 0);
@@ -1782,9 +1793,12 @@ request_reply_lent(struct http_request *req, int status,
 	char head[SERVER_REPLY_HEAD_MAX], num[FMT_LL_MAX];
 	size_t n = 0;
 	/* Draining, every reply is its connection's last; at the connection
-	 * cap too while others wait in the backlog, so that they get a turn. */
+	 * cap too while others wait in the backlog, so that they get a turn;
+	 * and over it (lowered by a reload while connections were busy), so
+	 * that the daemon comes back under it. */
 	int keepalive = req->rq_keepalive && !c->c_server->s_draining &&
-	    !(c->c_server->s_full && server_has_waiters(c->c_server));
+	    !(c->c_server->s_full && server_has_waiters(c->c_server)) &&
+	    open_total() <= c->c_server->s_max_conns;
 
 	c->c_pending = 0;
 	c->c_answered = 1;
