@@ -180,9 +180,16 @@ on_flush_check(evutil_socket_t fd, short what, void *arg)
 void
 worker_check_done(struct worker *w)
 {
+	long long now = mono_us();
+
 	event_del(w->w_drain_timer_ev);
+	/* A request still arriving (a head under way when the signal came)
+	 * is waited for until drain_timeout's end, as nginx waits for a
+	 * header under way: cut off after 0.1 s, its client had no reply.
+	 * The loop ends as soon as nothing is under way. */
 	if (w->w_flush_until_us == 0)
-		w->w_flush_until_us = mono_us() + WORKER_FLUSH_US;
+		w->w_flush_until_us = w->w_drain_until_us > now + WORKER_FLUSH_US ?
+		    w->w_drain_until_us : now + WORKER_FLUSH_US;
 	/* Looked at in the next iteration, once this reply is written. */
 	event_active(w->w_flush_ev, EV_TIMEOUT, 0);
 }
@@ -209,6 +216,8 @@ on_stop_now(evutil_socket_t fd, short what, void *arg)
 
 	on_drain(fd, what, arg);	/* if its own event has not run yet */
 	check_finish_all(w);
+	/* now: no more waiting for requests still arriving */
+	w->w_flush_until_us = mono_us() + WORKER_FLUSH_US;
 	worker_check_done(w);
 }
 
@@ -223,6 +232,7 @@ on_drain(evutil_socket_t fd, short what, void *arg)
 	if (w->w_draining)
 		return;
 	w->w_draining = 1;
+	w->w_drain_until_us = mono_us() + w->w_config->drain_timeout_us;
 	server_drain(w->w_server);
 	if (w->w_nactive == 0) {
 		worker_check_done(w);

@@ -47,6 +47,7 @@ struct worker {
 	struct event		*w_stop_now_ev;
 	struct event		*w_flush_ev;	/* see worker_check_done */
 	long long		 w_flush_until_us;
+	long long		 w_drain_until_us;	/* drain_timeout's end */
 	int			 w_draining;
 	struct event		*w_exit_ev;	/* main's, told at the end */
 	atomic_int		 w_exited;

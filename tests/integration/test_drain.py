@@ -261,6 +261,29 @@ def log_time(d, text):
     return stamp.timestamp()
 
 
+def test_a_request_under_way_at_the_signal_is_answered(ops_daemon):
+    """A head still arriving when the signal came is waited for within
+    drain_timeout, as nginx waits for a header under way: it was cut off
+    0.1 s after the signal with no reply, when nothing else was under
+    way. Its reply says the drain (/readyz 503) and ends the connection;
+    the process then exits at once."""
+    d = ops_daemon(shaped_policy("2/s", "5s"))
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+    try:
+        s.sendall(b"GET /readyz HTTP/1.1\r\nHo")
+        time.sleep(0.1)
+        terminate(d)
+        time.sleep(0.5)
+        assert d.proc.poll() is None, "exited with a request under way"
+        s.sendall(b"st: x\r\n\r\n")
+        head = read_reply(s)
+        assert head.startswith(b"HTTP/1.1 503 "), head
+        assert b"\r\nConnection: close" in head, head
+        assert wait_exit(d, 2) == 0, d.log()
+    finally:
+        s.close()
+
+
 def test_daemon_with_nothing_to_finish_exits_at_once(ops_daemon):
     """With no check in flight and no reply going out, the drain is over at
     once: the process does not sit out a fixed 100 ms, a gap in which a
