@@ -760,6 +760,13 @@ route_by_name(const struct config *c, const char *name)
 	return NULL;
 }
 
+/* A JSON string with a NUL in it (decoded with JSON_ALLOW_NUL). */
+static int
+json_string_has_nul(const json_t *v)
+{
+	return strlen(json_string_value(v)) != json_string_length(v);
+}
+
 /* Validates the optional string field `name`; -1 after replying 400. */
 static int
 json_opt_string(struct http_request *req, json_t *body, const char *name,
@@ -779,7 +786,7 @@ json_opt_string(struct http_request *req, json_t *body, const char *name,
 	 * can be named back; no path, method, host or address has a NUL. */
 	if (outlen)
 		*outlen = json_string_length(v);
-	else if (strlen(*out) != json_string_length(v)) {
+	else if (json_string_has_nul(v)) {
 		http_reply_json_error(req, 400, "field \"%s\" must not contain "
 		    "\\u0000", name);
 		return -1;
@@ -953,7 +960,7 @@ check_json(struct worker *w, struct http_request *req)
 			char esc[128];
 
 			if (config_token_ok(k) && json_is_string(v) &&
-			    strlen(json_string_value(v)) == json_string_length(v))
+			    !json_string_has_nul(v))
 				continue;
 			log_escape(esc, sizeof(esc), k, strlen(k));
 			if (!config_token_ok(k))	/* as /check's head would be */

@@ -95,7 +95,7 @@ usage(FILE *fp)
  * the FILE:LINE:COL a tool reading the output expects of every line. */
 static void
 say_lines(const char *path, char *const *lines, size_t n, const char *what,
-    void (*say)(const char *))
+    const char *tag, void (*say)(const char *))
 {
 	size_t plen = strlen(path);
 	char more[PATH_MAX + 128];
@@ -112,8 +112,8 @@ say_lines(const char *path, char *const *lines, size_t n, const char *what,
 		    n - CONFIG_ERRORS_SHOWN, what);
 	else
 		snprintf(more, sizeof(more), "%s:%d:%d: %s... and %zu more %s "
-		    "from here on", path, line, col, strcmp(what, "warnings") == 0 ?
-		    "warning: " : "", n - CONFIG_ERRORS_SHOWN, what);
+		    "from here on", path, line, col, tag, n - CONFIG_ERRORS_SHOWN,
+		    what);
 	say(more);
 }
 
@@ -123,9 +123,9 @@ static void
 say_refused(const char *path, const struct config_errors *errors,
     void (*say_error)(const char *), void (*say_warning)(const char *))
 {
-	say_lines(path, errors->lines, errors->n, "errors", say_error);
+	say_lines(path, errors->lines, errors->n, "errors", "", say_error);
 	say_lines(path, errors->warnings, errors->nwarnings, "warnings",
-	    say_warning);
+	    "warning: ", say_warning);
 }
 
 static void

@@ -243,16 +243,23 @@ set_state(struct store *st, enum store_state state)
  * answered without it (it wrote: checks_written) or a handshake that
  * found a primary says so: the probe and denials write nothing, and a
  * replica answers them. */
+/* A link up, or answering, again: after a logged outage at the outage's
+ * level, or a log kept at warn shows Redis going and never coming back;
+ * a first link at info. */
+static void
+log_link_up(const struct store *st, const char *what)
+{
+	if (st->st_logged_down)
+		log_warnx("%s: %s", st->st_who, what);
+	else
+		log_info("%s: %s", st->st_who, what);
+}
+
 static void
 link_answered(struct store *st, int checks_written)
 {
 	if (st->st_stalled && (checks_written || !st->st_readonly)) {
-		/* at the level its outage was said, or a log kept at
-		 * warn shows Redis going and never coming back */
-		if (st->st_logged_down)
-			log_warnx("%s: answering again", st->st_who);
-		else
-			log_info("%s: answering again", st->st_who);
+		log_link_up(st, "answering again");
 		st->st_stalled = 0;
 		st->st_readonly = 0;
 		st->st_backoff_us = STORE_BACKOFF_MIN_US;
@@ -369,20 +376,21 @@ static void
 handshake_refused(struct store *st, const char *step, const char *error)
 {
 	/* What to do about the two an operator meets first. */
-	const char *hint = strncmp(error, "WRONGPASS", 9) == 0 ? " (check "
-	    "redis.username and the variable redis.password_env names)" : "";
+	char hint[256] = "";
 
-	if (strncmp(error, "NOAUTH", 6) == 0 && st->st_password == NULL) {
-		if (!st->st_logged_handshake && st->st_password_env)
-			log_warnx("%s: %s failed: %s (this Redis wants a password: "
-			    "%s, the variable redis.password_env names, is unset "
-			    "or empty in the daemon's environment)", st->st_who,
-			    step, error, st->st_password_env);
-		else if (!st->st_logged_handshake)
-			log_warnx("%s: %s failed: %s (this Redis wants a password: "
-			    "set redis.password_env to the name of an environment "
-			    "variable that holds it)", st->st_who, step, error);
-	} else if (!st->st_logged_handshake)
+	if (strncmp(error, "NOAUTH", 6) == 0 && st->st_password == NULL &&
+	    st->st_password_env)
+		snprintf(hint, sizeof(hint), " (this Redis wants a password: %s, "
+		    "the variable redis.password_env names, is unset or empty in "
+		    "the daemon's environment)", st->st_password_env);
+	else if (strncmp(error, "NOAUTH", 6) == 0 && st->st_password == NULL)
+		snprintf(hint, sizeof(hint), " (this Redis wants a password: set "
+		    "redis.password_env to the name of an environment variable "
+		    "that holds it)");
+	else if (strncmp(error, "WRONGPASS", 9) == 0)
+		snprintf(hint, sizeof(hint), " (check redis.username and the "
+		    "variable redis.password_env names)");
+	if (!st->st_logged_handshake)
 		log_warnx("%s: %s failed: %s%s", st->st_who, step, error, hint);
 	st->st_logged_handshake = 1;
 	st->st_logged_down = 1;
@@ -429,12 +437,8 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 		if (!st->st_stalled && !st->st_flapping) {
 			st->st_backoff_us = STORE_BACKOFF_MIN_US;
 			/* Said for the first link too: an operator sees
-			 * which Redis each worker uses; after an outage at
-			 * its level (see link_answered). */
-			if (st->st_logged_down)
-				log_warnx("%s: connected", st->st_who);
-			else
-				log_info("%s: connected", st->st_who);
+			 * which Redis each worker uses. */
+			log_link_up(st, "connected");
 			st->st_logged_down = 0;
 		} else
 			log_debug("%s: connected again; waiting for %s",
@@ -810,12 +814,11 @@ on_watchdog(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	if (st->st_flapping && st->st_state == STORE_UP && !st->st_stalled &&
 	    now - st->st_up_us >= STORE_STEADY_US) {
-		if (st->st_logged_down)
-			log_warnx("%s: connected (the link has held for %lld ms)",
-			    st->st_who, STORE_STEADY_US / 1000);
-		else
-			log_info("%s: connected (the link has held for %lld ms)",
-			    st->st_who, STORE_STEADY_US / 1000);
+		char held[64];
+
+		snprintf(held, sizeof(held), "connected (the link has held for "
+		    "%lld ms)", STORE_STEADY_US / 1000);
+		log_link_up(st, held);
 		st->st_flapping = 0;
 		st->st_backoff_us = STORE_BACKOFF_MIN_US;
 		st->st_logged_down = 0;

@@ -643,6 +643,14 @@ def busy_connection(port):
     return s
 
 
+def idle_connection(port):
+    """A kept-alive connection whose request has had its reply: idle."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=2)
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert s.recv(4096).endswith(b"ok")
+    return s
+
+
 def test_max_connections_makes_new_ones_wait(start_daemon):
     """At server.max_connections of busy connections the daemon stops
     accepting, as nginx does at worker_connections: a new connection waits
@@ -785,19 +793,13 @@ def test_idle_connections_under_the_cap_stay_open_whichever_worker_holds_them(
     held = []
     try:
         for _ in range(12):
-            s = socket.create_connection(("127.0.0.1", d.port), timeout=2)
-            s.sendall(req)
-            assert s.recv(4096).endswith(b"ok")
-            held.append(s)
+            held.append(idle_connection(d.port))
             time.sleep(0.02)
         time.sleep(0.3)
         for i, s in enumerate(held):    # every one still answers
             s.sendall(req)
             assert s.recv(4096).endswith(b"ok"), i
-        extra = socket.create_connection(("127.0.0.1", d.port), timeout=2)
-        extra.sendall(req)
-        assert extra.recv(4096).endswith(b"ok")
-        held.append(extra)
+        held.append(idle_connection(d.port))
         time.sleep(0.2)
         # the cap holds for the daemon: one of the idle twelve made room
         closed = 0
@@ -825,14 +827,10 @@ def test_a_cap_lowered_by_reload_is_reached_across_workers(start_daemon):
     conf = "server:\n  max_connections: %d\n  workers: 2\n  idle_timeout: 30s\n"
     d = start_daemon(POL.replace("server:\n", conf % 40))
     before = settled_sockets(d)
-    req = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
     held = []
     try:
         for _ in range(20):
-            s = socket.create_connection(("127.0.0.1", d.port), timeout=2)
-            s.sendall(req)
-            assert s.recv(4096).endswith(b"ok")
-            held.append(s)
+            held.append(idle_connection(d.port))
         busy = [busy_connection(d.port) for _ in range(10)]
         held += busy
         d.write_policy(POL.replace("server:\n", conf % 4))
