@@ -1260,7 +1260,9 @@ def test_a_pipelining_flood_leaves_other_checks_their_turn(start_daemon):
         flood.wait(timeout=30)
     m = scrape(d)
     denied, failed = m.checks("hot", "denied"), m.checks("hot", "failed_open")
-    assert denied > 1000 and failed < denied / 100, (denied, failed)
+    # Before, 70-80 % failed open; under ThreadSanitizer, whose build is
+    # many times slower against the 50 ms timeout, up to 1.5 % still do.
+    assert denied > 1000 and failed < denied / 20, (denied, failed)
     # The client beside it: a check or two may meet a slow turn under a
     # sanitizer; before, whole runs of them failed open.
     assert [a for a in answers if a != (200, "4")] == [] or \

@@ -394,6 +394,7 @@ CLOSED_POLICY = """\
 server:
   listen: 127.0.0.1:{port}
   deny_status: 403
+  ietf_headers: true
 redis:
   address: 127.0.0.1:{redis_port}
   timeout: 100ms
@@ -415,6 +416,10 @@ def test_daemon_failing_closed_gives_503(tmp_path, start_daemon, upstream):
         # the daemon's headers, as SPEC's fail-closed reply has them
         assert r.headers["X-RateLimit-Limit"] == "3"
         assert r.headers["X-RateLimit-Remaining"] == "-1"
+        # and, with ietf_headers, the policy (a failed check has no
+        # RateLimit field: nothing is known of what remains)
+        assert r.headers.get("RateLimit-Policy") == '"w";q=3;w=60', r.headers
+        assert "RateLimit" not in r.headers
         assert upstream.count("/") == 0
         assert get(gw, "/other").status_code == 200
     finally:
