@@ -528,6 +528,16 @@ hold_handled_signals(int how)
 	pthread_sigmask(how, &set, NULL);
 }
 
+static void
+ignore_sigpipe(void)
+{
+	struct sigaction sa;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = SIG_IGN;
+	sigaction(SIGPIPE, &sa, NULL);
+}
+
 static const char *
 signal_name(int sig)
 {
@@ -674,11 +684,7 @@ run(const char *path)
 	struct env env;
 	struct config_errors errors;
 	struct event *sigs[NHANDLED_SIGNALS];
-	struct sigaction sa;
 
-	memset(&sa, 0, sizeof(sa));
-	sa.sa_handler = SIG_IGN;
-	sigaction(SIGPIPE, &sa, NULL);
 	memset(&env, 0, sizeof(env));
 	env.inotify_fd = -1;
 	if (stat(path, &env.loaded_stat) == -1)
@@ -821,7 +827,11 @@ main(int argc, char **argv)
 	 * while a large policy loads would end it with 143, not 0. Held
 	 * back from the first instruction of ours until run() has the
 	 * handlers, each is then acted on. The workers, started meanwhile,
-	 * keep them blocked, so they are always the main thread's. */
+	 * keep them blocked, so they are always the main thread's. A
+	 * SIGPIPE (a peer gone mid-write; anyone's kill) is ignored, and
+	 * first: whoever sees the others held back can send it safely. A
+	 * write's EPIPE says all it would. */
+	ignore_sigpipe();
 	hold_handled_signals(SIG_BLOCK);
 	standard_streams_open();
 	event_set_log_callback(on_libevent_log);
