@@ -238,11 +238,6 @@ set_state(struct store *st, enum store_state state)
 	report_state(st);
 }
 
-/* A script call was answered on the current link, whatever the reply:
- * Redis takes calls again. After a READONLY drop, only an allowed check
- * answered without it (it wrote: checks_written) or a handshake that
- * found a primary says so: the probe and denials write nothing, and a
- * replica answers them. */
 /* A link up, or answering, again: after a logged outage at the outage's
  * level, or a log kept at warn shows Redis going and never coming back;
  * a first link at info. */
@@ -255,6 +250,11 @@ log_link_up(const struct store *st, const char *what)
 		log_info("%s: %s", st->st_who, what);
 }
 
+/* A script call was answered on the current link, whatever the reply:
+ * Redis takes calls again. After a READONLY drop, only an allowed check
+ * answered without it (it wrote: checks_written) or a handshake that
+ * found a primary says so: the probe and denials write nothing, and a
+ * replica answers them. */
 static void
 link_answered(struct store *st, int checks_written)
 {
@@ -378,16 +378,16 @@ handshake_refused(struct store *st, const char *step, const char *error)
 	/* What to do about the two an operator meets first. */
 	char hint[256] = "";
 
-	if (strncmp(error, "NOAUTH", 6) == 0 && st->st_password == NULL &&
-	    st->st_password_env)
-		snprintf(hint, sizeof(hint), " (this Redis wants a password: %s, "
-		    "the variable redis.password_env names, is unset or empty in "
-		    "the daemon's environment)", st->st_password_env);
-	else if (strncmp(error, "NOAUTH", 6) == 0 && st->st_password == NULL)
-		snprintf(hint, sizeof(hint), " (this Redis wants a password: set "
-		    "redis.password_env to the name of an environment variable "
-		    "that holds it)");
-	else if (strncmp(error, "WRONGPASS", 9) == 0)
+	if (strncmp(error, "NOAUTH", 6) == 0 && st->st_password == NULL) {
+		if (st->st_password_env)
+			snprintf(hint, sizeof(hint), " (this Redis wants a password: "
+			    "%s, the variable redis.password_env names, is unset or "
+			    "empty in the daemon's environment)", st->st_password_env);
+		else
+			snprintf(hint, sizeof(hint), " (this Redis wants a password: "
+			    "set redis.password_env to the name of an environment "
+			    "variable that holds it)");
+	} else if (strncmp(error, "WRONGPASS", 9) == 0)
 		snprintf(hint, sizeof(hint), " (check redis.username and the "
 		    "variable redis.password_env names)");
 	if (!st->st_logged_handshake)
