@@ -11,7 +11,7 @@ import time
 import pytest
 import requests
 
-from conftest import all_stopped, wait_until
+from conftest import all_stopped, open_files, wait_until
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
 from helpers import all_keys, check, healthy, policy, raw_http, shared_daemon, status_of
 
@@ -759,14 +759,7 @@ def test_silent_connections_make_room_at_the_cap(start_daemon):
 
 
 def daemon_sockets(d):
-    fds = "/proc/%d/fd" % d.proc.pid
-    count = 0
-    for f in os.listdir(fds):
-        try:
-            count += os.readlink(os.path.join(fds, f)).startswith("socket:")
-        except FileNotFoundError:
-            pass  # closed between the listing and the look: not open
-    return count
+    return sum(t.startswith("socket:") for t in open_files(d.proc.pid))
 
 
 def settled_sockets(d):

@@ -18,7 +18,7 @@ import pytest
 import redis
 import requests
 
-from conftest import BIN, Daemon, free_port, wait_until
+from conftest import BIN, Daemon, free_port, open_files, wait_until
 from ops_helpers import (check, fw, get_policy, ops_daemon, render,  # noqa: F401
                          route, route_limits, scrape, terminate, wait_policy_limit)
 from ops_helpers import policy as ops_policy
@@ -796,21 +796,6 @@ def sighup_blocked(pid):
     return True
 
 
-def policy_open(pid, path):
-    """Whether the process has the policy file open: it is reading it."""
-    try:
-        fds = os.listdir("/proc/%d/fd" % pid)
-    except OSError:
-        return False
-    for fd in fds:
-        try:
-            if os.readlink("/proc/%d/fd/%s" % (pid, fd)) == path:
-                return True
-        except OSError:
-            pass
-    return False
-
-
 def started_mid_parse(redis_server, tmp_path):
     """A daemon still reading a large policy: returned as soon as it holds
     its signals back, or, for a build that never does, once it has the
@@ -822,7 +807,7 @@ def started_mid_parse(redis_server, tmp_path):
     d.logf = open(d.log_path, "ab")
     d.proc = subprocess.Popen([d.bin, "-c", d.policy_path], stdout=d.logf, stderr=d.logf)
     path = os.path.realpath(d.policy_path)
-    assert wait_until(lambda: sighup_blocked(d.proc.pid) or policy_open(d.proc.pid, path),
+    assert wait_until(lambda: sighup_blocked(d.proc.pid) or path in open_files(d.proc.pid),
                       timeout=10, interval=0.001), d.log()
     return d
 
