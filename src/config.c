@@ -60,6 +60,10 @@ struct node {
 	int		  plain;	/* unquoted scalar: may be null/bool/int */
 	struct node	**items;
 	size_t		  nitems;
+	/* Refused as it was read (an alias, a NUL), and said so there: a
+	 * stand-in, so the rest of the file is checked, that no other
+	 * message is about. */
+	int		  refused;
 };
 
 /* Where an error is, to print them in file order (errors_sort). */
@@ -67,6 +71,7 @@ struct error_pos {
 	int	 line, col;
 	size_t	 seq;		/* order found, for ties */
 	char	*text;
+	int	 unsaid;	/* see node_error */
 };
 
 /* What a loader pass carries around. */
@@ -101,24 +106,49 @@ errno_is_passing(int e)
 }
 
 static void
-errorf(struct loader *ld, int line, int col, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
+verrorf(struct loader *ld, int line, int col, int unsaid, const char *fmt,
+    va_list ap) __attribute__((format(printf, 5, 0)));
 static void
 errorf(struct loader *ld, int line, int col, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void
+errorf_at(struct loader *ld, int line, int col, int unsaid, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static void
+verrorf(struct loader *ld, int line, int col, int unsaid, const char *fmt,
+    va_list ap)
 {
 	struct config_errors *e = ld->errors;
 	char msg[512];
-	va_list ap;
 
-	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
 	e->lines = xrealloc(e->lines, (e->n + 1) * sizeof(*e->lines));
 	ld->pos = xrealloc(ld->pos, (e->n + 1) * sizeof(*ld->pos));
 	ld->pos[e->n].line = line;
 	ld->pos[e->n].col = col;
+	ld->pos[e->n].unsaid = unsaid;
 	e->lines[e->n++] = xasprintf("%s:%d:%d: %s", ld->path, line, col, msg);
+}
+
+static void
+errorf(struct loader *ld, int line, int col, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	verrorf(ld, line, col, 0, fmt, ap);
+	va_end(ap);
+}
+
+static void
+errorf_at(struct loader *ld, int line, int col, int unsaid, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	verrorf(ld, line, col, unsaid, fmt, ap);
+	va_end(ap);
 }
 
 static void
@@ -132,6 +162,8 @@ warnf(struct loader *ld, const struct node *nd, const char *fmt, ...)
 	char msg[512];
 	va_list ap;
 
+	if (nd->refused)
+		return;
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
@@ -157,12 +189,14 @@ error_pos_cmp(const void *a, const void *b)
  * Puts the errors in file order (line, then column, then as found). The
  * walk finds them out of order: a limit's parameters are checked in a
  * fixed order, and a missing key or a duplicate is only known after the
- * children that come after it in the file.
+ * children that come after it in the file. The errors not to be said
+ * (node_error) go.
  */
 static void
 errors_sort(struct loader *ld)
 {
 	struct config_errors *e = ld->errors;
+	size_t n;
 
 	for (size_t i = 0; i < e->n; i++) {
 		ld->pos[i].seq = i;
@@ -170,13 +204,23 @@ errors_sort(struct loader *ld)
 	}
 	if (e->n > 1)
 		qsort(ld->pos, e->n, sizeof(*ld->pos), error_pos_cmp);
-	for (size_t i = 0; i < e->n; i++)
-		e->lines[i] = ld->pos[i].text;
+	n = 0;
+	for (size_t i = 0; i < e->n; i++) {
+		if (ld->pos[i].unsaid)
+			free(ld->pos[i].text);
+		else
+			e->lines[n++] = ld->pos[i].text;
+	}
+	e->n = n;
 	free(ld->pos);
 	ld->pos = NULL;
 }
 
-#define node_error(ld, nd, ...) errorf((ld), (nd)->line, (nd)->col, __VA_ARGS__)
+/* An error about a node refused as it was read is counted, as the walk
+ * decides validity by the count, but not said: it would only be a
+ * consequence of the refusal said at the same place (errors_sort). */
+#define node_error(ld, nd, ...)						\
+	errorf_at((ld), (nd)->line, (nd)->col, (nd)->refused, __VA_ARGS__)
 
 /*
  * The user's text s made safe to print in a message: control bytes, bytes
@@ -295,21 +339,24 @@ yaml_read_node(struct loader *ld, yaml_parser_t *parser, yaml_event_t *first,
 	case YAML_ALIAS_EVENT:
 		errorf(ld, (int)m->line + 1, (int)m->column + 1,
 		    "aliases are not allowed in a policy file");
-		return NULL;
+		nd = node_new(NODE_SCALAR, m);
+		nd->value = xstrdup("");
+		nd->refused = 1;
+		return nd;
 	case YAML_SCALAR_EVENT:
 		anchor_or_tag_refused(ld, m, first->data.scalar.anchor,
 		    first->data.scalar.plain_implicit == 0 &&
 		    first->data.scalar.quoted_implicit == 0 ?
 		    first->data.scalar.tag : NULL);
+		nd = node_new(NODE_SCALAR, m);
 		if (memchr(first->data.scalar.value, '\0',
 		    first->data.scalar.length) != NULL) {
 			/* "\0" or "\u0000" in a double-quoted string: C
 			 * strings would end there, and the rest be ignored */
 			errorf(ld, (int)m->line + 1, (int)m->column + 1,
 			    "a NUL character (\\0) is not allowed in a value");
-			return NULL;
+			nd->refused = 1;
 		}
-		nd = node_new(NODE_SCALAR, m);
 		nd->value = xstrndup((const char *)first->data.scalar.value,
 		    first->data.scalar.length);
 		if (first->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
@@ -826,8 +873,11 @@ yaml_load_file(struct loader *ld, FILE *fp)
 			first[tries] = f;
 			continue;		/* parse again, past that colon */
 		}
-		/* still stopped on the address, further on its line */
-		for (int k = 0; k < tries && stopped_on_ipv6(&src, &f); k++)
+		/* still stopped on the address, further on its line; past
+		 * the last retry it is stopped on the next address instead,
+		 * which is where the file has to change */
+		for (int k = 0; tries < FLOW_COLON_RETRIES && k < tries &&
+		    stopped_on_ipv6(&src, &f); k++)
 			if (first[k].problem_mark.line == f.problem_mark.line) {
 				f = first[k];
 				break;
@@ -1080,6 +1130,9 @@ config_parse_duration(const char *s, long long *us, const char **cause)
 	*cause = *p == '\0' ? "duration needs a unit: ms, s, m, h or d" :
 	    *p == ' ' || *p == '\t' ? "no space between a duration's number "
 	    "and its unit: 1s, not 1 s" :
+	    /* 1h30m, 0x10s, 1e3ms: not the unit's fault */
+	    strpbrk(p, "0123456789") ? "a duration is one decimal number and "
+	    "one unit: 90m, not 1h30m; 1000ms, not 1e3ms" :
 	    bad_unit_cause(p, "unknown duration unit (use ms, s, m, h or d)");
 	return -1;
 }
@@ -1113,6 +1166,10 @@ config_parse_rate(const char *s, long long *n, long long *period_us,
 	}
 	if (isdigit((unsigned char)*slash) || *slash == '.')
 		return config_parse_duration(slash, period_us, cause);
+	if (*slash == '-' || *slash == '+') {
+		*cause = "a rate's period is a duration with no sign: \"5/10s\"";
+		return -1;
+	}
 	/* A bare unit means one of it: "10/s" is "10/1s". */
 	if (strlen(slash) >= sizeof(unit) - 1) {
 		*cause = "unknown rate unit (use ms, s, m, h or d)";
@@ -1403,10 +1460,20 @@ validate_listen(const char *s, const char **cause)
 			return -1;
 		}
 	}
+	if (colon[1] == '\0') {
+		*cause = "the port is missing after the last ':'";
+		return -1;
+	}
 	errno = 0;
 	port = strtol(colon + 1, &end, 10);
-	if (!isdigit((unsigned char)colon[1]) || *end != '\0' || errno || port < 1 ||
-	    port > 65535) {
+	/* strtol takes a leading space or sign, which no other reader of
+	 * the address (nginx, redis-cli) would */
+	if (!isdigit((unsigned char)colon[1]) || *end != '\0') {
+		*cause = "the port must be written in digits alone, with no "
+		    "space or sign";
+		return -1;
+	}
+	if (errno || port < 1 || port > 65535) {
 		*cause = "port must be from 1 to 65535";
 		return -1;
 	}
@@ -1791,6 +1858,17 @@ precision_error(struct loader *ld, const struct limit_draft *d,
 		    (l->window_us / SLIDING_BUCKETS_MAX + US_PER_MS - 1) / US_PER_MS);
 }
 
+/* The key node of a value in map: where an unknown key is reported, so
+ * a key that does not belong is reported there too. */
+static const struct node *
+key_of(const struct node *map, const struct node *value)
+{
+	for (size_t j = 1; j < map->nitems; j += 2)
+		if (map->items[j] == value)
+			return map->items[j - 1];
+	return value;
+}
+
 /* Checks the parameters of a limit against its algorithm; 0 when valid. */
 static int
 limit_finish(struct loader *ld, struct limit_draft *d)
@@ -1802,8 +1880,8 @@ limit_finish(struct loader *ld, struct limit_draft *d)
 
 #define FORBID(field, label)						\
 	if (d->field##_nd) {						\
-		node_error(ld, d->field##_nd, "%s: not a parameter of %s", \
-		    label, alg);					\
+		node_error(ld, key_of(d->node, d->field##_nd),		\
+		    "%s: not a parameter of %s", label, alg);		\
 		bad = 1;						\
 	}
 #define REQUIRE(field, label)						\

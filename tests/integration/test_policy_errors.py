@@ -310,6 +310,31 @@ def test_anchor_and_alias_together(tmp_path):
     assert any((l, c) in ((10, 11), (16, 11)) for l, c, _ in errs), errs
 
 
+def test_an_alias_or_a_nul_leaves_the_rest_of_the_file_checked(tmp_path):
+    """An alias or a NUL stopped the reading: the file's other errors went
+    unsaid until it was mended (an audit). They are said with it, and
+    nothing is said about the refused value itself beyond its refusal."""
+    lines = variant({
+        7: "bogus: 1",
+        12: "    key: *k",
+        14: '      - { name: "b\\0", algorithm: token_bucket, rate: "10/s", burst: 20 }',
+        19: "    limits: *l"}, delete=(20, 21, 22, 23))
+    errs = run_bad(write(tmp_path, lines))
+    assert errs == [
+        (7, 1, 'policy: unknown key "bogus" (expected one of: server, redis, failure_mode, '
+               'trusted_proxies, log, routes)'),
+        (12, 10, "aliases are not allowed in a policy file"),
+        (14, 17, "a NUL character (\\0) is not allowed in a value"),
+        (19, 13, "aliases are not allowed in a policy file"),
+    ], errs
+    # a refused value standing for a whole route, or for every route
+    errs = run_bad(write(tmp_path, variant({16: "  - *web", 2: "  listen: nowhere"},
+                                           delete=range(17, 24))))
+    assert [(l, c) for l, c, _ in errs] == [(2, 11), (16, 5)], errs
+    errs = run_bad(write(tmp_path, variant({9: "routes: *all"}, delete=range(10, 24))))
+    assert errs == [(9, 9, "aliases are not allowed in a policy file")], errs
+
+
 def test_missing_routes(tmp_path):
     path = write(tmp_path, BASE[:8])
     errs = run_bad(path)
@@ -482,14 +507,26 @@ def test_bare_ipv6_in_a_flow_list_is_the_address(start_daemon):
     assert v["trusted_proxies"] == ["::1/128", "2001:db8::/32"], v
 
 
+def test_bare_ipv6_past_the_64_the_loader_steps_over_is_where_to_quote(tmp_path):
+    """64 bare values load (the README's bound); past them the error named
+    the first value on the line, which had loaded, not the 65th."""
+    def bare(n):
+        return "trusted_proxies: [%s]" % ", ".join("::%x/128" % (i + 1) for i in range(n))
+    p = validate(write(tmp_path, variant({8: bare(64)})))
+    assert p.returncode == 0, p.stderr.decode()
+    line = bare(66)
+    errs = run_bad(write(tmp_path, variant({8: line})))
+    assert len(errs) == 1, errs
+    assert errs[0][:2] == (8, line.index("::41/128") + 1), (errs, line.index("::41/128") + 1)
+    assert errs[0][2].endswith(IPV6_HINT), errs
+
+
 def test_bare_ipv6_error_is_where_the_value_is(tmp_path):
     errs = run_bad(write(tmp_path, variant({8: "trusted_proxies: [10.0.0.1, ::zz]"})))
     assert errs == [(8, 29, 'trusted_proxies: "::zz" is not an IP address or CIDR range')], errs
     errs = run_bad(write(tmp_path, variant({8: "trusted_proxies: { a: ::1 }"})))
     assert [(l, c) for l, c, _ in errs] == [(8, 18)], errs
 
-
-IPV6_HINT = ' (quote IPv6 addresses: "::1/128", "[::1]:8080")'
 
 
 @pytest.mark.parametrize("lineno,text,token", [
@@ -950,6 +987,34 @@ def test_an_address_that_cannot_resolve_is_refused(tmp_path, value):
     assert len(errs) == 1 and errs[0][:2] == (5, 12), errs
     errs = run_bad(write(tmp_path, variant({2: "  listen: %s" % value})))
     assert len(errs) == 1 and errs[0][:2] == (2, 11), errs
+
+
+@pytest.mark.parametrize("port, cause", [
+    (" 80", "the port must be written in digits alone, with no space or sign"),
+    ("+80", "the port must be written in digits alone, with no space or sign"),
+    ("80x", "the port must be written in digits alone, with no space or sign"),
+    ("", "the port is missing after the last ':'"),
+    ("0", "port must be from 1 to 65535"),
+    ("65536", "port must be from 1 to 65535"),
+    ("99999999999999999999", "port must be from 1 to 65535"),
+])
+def test_a_bad_port_is_named_for_what_is_wrong(tmp_path, port, cause):
+    """A space before the port was refused as "port must be from 1 to
+    65535", which 80 is (an audit): the message now says what to change."""
+    for line, key, col in ((2, "listen", 11), (5, "address", 12)):
+        errs = run_bad(write(tmp_path, variant({line: '  %s: "127.0.0.1:%s"' % (key, port)})))
+        assert errs == [(line, col, '%s: "127.0.0.1:%s": %s' % (key, port, cause))], errs
+
+
+def test_a_parameter_of_another_algorithm_is_reported_at_its_key(tmp_path):
+    """Reported at its value, where an unknown key is reported at the key
+    (an audit): the two now point alike."""
+    errs = run_bad(write(tmp_path, variant(
+        {14: '      - { name: burst, algorithm: token_bucket, rate: "10/s", burst: 20, '
+             'window: 1m }'},
+        insert={23: ["        burst: 4"]})))
+    assert errs == [(14, 74, "window: not a parameter of token_bucket"),
+                    (23, 9, "burst: not a parameter of fixed_window")], errs
 
 
 def test_an_at_sign_in_a_socket_path_is_no_url(tmp_path):

@@ -158,6 +158,19 @@ test_durations(void)
 	    strcmp(cause, "units are ms, s, m, h or d: m for minutes") == 0);
 	CHECK(config_parse_duration("2Days", &us, &cause) == -1 &&
 	    strcmp(cause, "units are ms, s, m, h or d: d for days") == 0);
+	/* Not the unit's fault (an audit saw "unknown duration unit"). */
+	for (const char *const *d = (const char *const[]){ "1h30m", "1d1h",
+	    "0x10s", "1e3ms", NULL }; *d; d++)
+		CHECK(config_parse_duration(*d, &us, &cause) == -1 &&
+		    strcmp(cause, "a duration is one decimal number and one "
+		    "unit: 90m, not 1h30m; 1000ms, not 1e3ms") == 0);
+	CHECK(config_parse_rate("10/1h30m", &n, &p, &cause) == -1 &&
+	    strstr(cause, "not 1h30m") != NULL);
+	CHECK(config_parse_rate("10/-1s", &n, &p, &cause) == -1 &&
+	    strcmp(cause, "a rate's period is a duration with no sign: "
+	    "\"5/10s\"") == 0);
+	CHECK(config_parse_rate("10/+s", &n, &p, &cause) == -1 &&
+	    strstr(cause, "no sign") != NULL);
 	CHECK(config_parse_duration("30sec", &us, &cause) == -1 &&
 	    strcmp(cause, "units are ms, s, m, h or d: s for seconds") == 0);
 	CHECK(config_parse_rate("10/fortnight", &n, &p, &cause) == -1 &&
