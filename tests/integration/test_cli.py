@@ -28,6 +28,25 @@ def test_version_short_and_long():
     assert out.startswith("ratelimitd ") and out.strip() != "ratelimitd", out
 
 
+def test_version_and_help_do_not_hide_a_wrong_option():
+    """`--version --bogus` printed the version and exited 0 (an audit): the
+    whole line is read first, as GNU tools and nginx do."""
+    for args, says in ((("--version", "--bogus"), 'unknown option "--bogus"'),
+                       (("-v", "extra"), 'unexpected argument "extra"'),
+                       (("-h", "-x"), "unknown option -x")):
+        r = run(*args)
+        assert r.returncode == 1 and says in r.stderr and r.stdout == "", (args, r)
+    # with -t, as nginx -v -t: the version, then the check of the file
+    r = run("-v", "-t", "-c", POLICY)
+    assert r.returncode == 0 and r.stdout.splitlines()[1] == POLICY + ": ok", r
+    r = run("-t", "-v", "-c", "/nonexistent.yaml")
+    assert r.returncode == 1 and r.stdout.startswith("ratelimitd "), r
+    assert "/nonexistent.yaml:1:1: cannot open" in r.stderr, r
+    # alone, or with -c and no -t: the version, and nothing is started
+    r = run("-v", "-c", POLICY)
+    assert r.returncode == 0 and r.stdout.startswith("ratelimitd "), r
+
+
 def test_validate_short_and_long():
     for args in (("-t", "-c", POLICY), ("--test", "--config", POLICY),
                  ("--test", "--config=" + POLICY)):
