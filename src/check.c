@@ -412,9 +412,10 @@ log_redis_errors_held(struct worker *w)
 	/* Named as the store's lines are: which worker, which Redis. */
 	if (w->w_errors_unlogged > 1)
 		log_warnx("worker %d: redis %s: error on %s (and %llu more Redis "
-		    "errors since the last line like this)", w->w_id,
+		    "error%s since the last line like this)", w->w_id,
 		    w->w_config->redis_address, w->w_error_last,
-		    w->w_errors_unlogged - 1);
+		    w->w_errors_unlogged - 1,
+		    w->w_errors_unlogged == 2 ? "" : "s");
 	else if (w->w_errors_unlogged == 1)
 		log_warnx("worker %d: redis %s: error on %s", w->w_id,
 		    w->w_config->redis_address, w->w_error_last);
@@ -1046,9 +1047,14 @@ check_json(struct worker *w, struct http_request *req)
 	if (route && key) {
 		set = policy_limits(route, key, keylen, kind == POLICY_KEY_IP);
 		if (!set->unlimited && cost > set->max_quota) {
+			/* An override's quotas are not the route's: say which
+			 * the caller is held to, or 1000 in the policy reads
+			 * as a wrong 50 here. */
 			http_reply_json_error(req, 400, "field \"cost\": %lld is above "
-			    "the largest quota (%lld) of route %s", cost,
-			    set->max_quota, route->name);
+			    "the largest quota (%lld) of %s %s", cost,
+			    set->max_quota, set == &route->limits ?
+			    "route" : "this key's override on route",
+			    route->name);
 			goto out;
 		}
 	}

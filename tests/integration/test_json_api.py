@@ -275,6 +275,29 @@ def test_cost_between_quotas_is_a_denial_not_an_error(start_daemon):
     assert [l["remaining"] for l in v["limits"]] == [5, 10]
 
 
+def test_a_cost_above_an_override_names_the_override(start_daemon, redis_server):
+    """The 400 said "the largest quota (50) of route api" for a key whose
+    override has 50, on a route whose largest is 1000 (an audit): it names
+    the quotas the caller is held to."""
+    d = start_daemon(policy(
+        "  - name: api\n"
+        "    match: {prefix: /api/}\n"
+        "    key: header:X-Api-Key\n"
+        "    limits: [{name: hourly, algorithm: fixed_window, limit: 1000, window: 1h}]\n"
+        "    overrides:\n"
+        '      - {keys: [partner-1], limits: [{algorithm: gcra, rate: "100/s", burst: 50}]}\n'))
+    r = vcheck(d, {"route": "api", "key": "partner-1", "cost": 51})
+    assert r.status_code == 400 and r.json()["error"] == (
+        'field "cost": 51 is above the largest quota (50) of this key\'s override '
+        "on route api"), r.text
+    r = vcheck(d, {"route": "api", "key": "k", "cost": 1001})
+    assert r.status_code == 400 and r.json()["error"] == (
+        'field "cost": 1001 is above the largest quota (1000) of route api'), r.text
+    # the override's own bound is the override's: 51 is a check elsewhere
+    assert vcheck(d, {"route": "api", "key": "k", "cost": 51}).status_code == 200
+    assert all_keys(redis_server.client()) == {rkey("api", "k", "hourly", "fixed_window")}
+
+
 @pytest.fixture(scope="module")
 def json_daemon(tmp_path_factory):
     """Shared by the 400 cases: none of them may count anything."""
