@@ -65,8 +65,10 @@ USER 10001:10001
 
 EXPOSE 8080
 
-# Liveness: GET /healthz on the policy's listen address (127.0.0.1:8080 in
-# the default policy; change this line if you change `listen`). The slim
+# Liveness: GET /healthz on the policy's listen address: 127.0.0.1, port
+# RATELIMITD_HEALTH_PORT (8080, the default policy's, when unset; give
+# `-e RATELIMITD_HEALTH_PORT=9090` with `listen: 127.0.0.1:9090`, or your
+# own --health-cmd for a unix socket). The slim
 # image has no curl or wget, and the daemon has no client mode. Rather than
 # install curl and its libraries for one request, this uses bash's built-in
 # /dev/tcp. It reads the whole reply (the daemon closes an HTTP/1.0
@@ -75,7 +77,7 @@ EXPOSE 8080
 # answers, failing open or closed as configured, and restarting it would not
 # bring Redis back.
 HEALTHCHECK --interval=10s --timeout=2s --start-period=5s --retries=3 \
-    CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/8080 && printf 'GET /healthz HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3 && { IFS= read -r -d '' -t 2 reply <&3; [[ $reply == 'HTTP/1.'[01]' 200 '* ]]; }"]
+    CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/${RATELIMITD_HEALTH_PORT:-8080} && printf 'GET /healthz HTTP/1.0\\r\\nHost: localhost\\r\\n\\r\\n' >&3 && { IFS= read -r -d '' -t 2 reply <&3; [[ $reply == 'HTTP/1.'[01]' 200 '* ]]; }"]
 
 # Foreground, logs to stderr. SIGTERM drains for up to server.drain_timeout
 # (5s by default), which is inside `docker stop`'s 10 s grace period.

@@ -52,7 +52,7 @@ DEBS_RUN   = redis-server redis-tools
 DEBS_TEST  = python3-pytest python3-redis python3-requests nginx-light clang \
 	     libclang-rt-dev wrk strace stunnel4 openssl curl
 
-.PHONY: all clean test unit integration asan tsan run bench soak deps deps-test fuzz
+.PHONY: all clean test unit integration asan tsan run bench soak deps deps-test fuzz install uninstall
 
 all: $(BUILD)/ratelimitd build/limits.lua
 
@@ -203,6 +203,37 @@ fuzz: build/fuzz_policy build/fuzz_http build/fuzz_check build/fuzz_verdict
 	    -dict=tests/fuzz/check.dict build/fuzz-check-corpus tests/fuzz/check-corpus
 	build/fuzz_verdict -max_total_time=$(FUZZ_SECONDS) -max_len=4096 \
 	    build/fuzz-verdict-corpus tests/fuzz/verdict-corpus
+
+# `sudo make install` puts the binary, the systemd unit and (only where
+# none is yet) the example policy where the unit looks for them; the unit
+# is rewritten to the directories given, so PREFIX=/opt/ratelimitd works.
+# DESTDIR stages it all under a directory, as packagers do. It builds with
+# what `make` uses and installs no packages.
+PREFIX	?= /usr/local
+BINDIR	?= $(PREFIX)/bin
+SYSCONFDIR ?= /etc
+UNITDIR	?= /etc/systemd/system
+CONFDIR	 = $(SYSCONFDIR)/ratelimitd
+install: all
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(CONFDIR) $(DESTDIR)$(UNITDIR)
+	install -m 0755 build/ratelimitd $(DESTDIR)$(BINDIR)/ratelimitd
+	@# a policy already there is the operator's own: never replaced
+	@if [ -e $(DESTDIR)$(CONFDIR)/ratelimitd.yaml ]; then \
+	    echo "$(DESTDIR)$(CONFDIR)/ratelimitd.yaml: kept as it is"; \
+	else \
+	    echo "install -m 0644 conf/ratelimitd.yaml $(DESTDIR)$(CONFDIR)/ratelimitd.yaml"; \
+	    install -m 0644 conf/ratelimitd.yaml $(DESTDIR)$(CONFDIR)/ratelimitd.yaml; \
+	fi
+	sed -e 's|/usr/local/bin/ratelimitd|$(BINDIR)/ratelimitd|g' \
+	    -e 's|/etc/ratelimitd/|$(CONFDIR)/|g' \
+	    systemd/ratelimitd.service > $(DESTDIR)$(UNITDIR)/ratelimitd.service.tmp
+	chmod 0644 $(DESTDIR)$(UNITDIR)/ratelimitd.service.tmp
+	mv -f $(DESTDIR)$(UNITDIR)/ratelimitd.service.tmp $(DESTDIR)$(UNITDIR)/ratelimitd.service
+	@echo "then: systemctl daemon-reload && systemctl enable --now ratelimitd"
+
+# The policy stays: it is the operator's.
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/ratelimitd $(DESTDIR)$(UNITDIR)/ratelimitd.service
 
 clean:
 	rm -rf build

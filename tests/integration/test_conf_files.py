@@ -1,6 +1,8 @@
 """The policies shipped in conf/ are valid as shipped (a new user starts
 from them), and the nginx pairing keeps the one setting nginx needs."""
+import json
 import os
+import shutil
 import subprocess
 
 from conftest import BIN, ROOT
@@ -127,3 +129,76 @@ def test_compose_policy_validates_and_is_mounted_from_its_file():
         compose = f.read()
     assert "file: ./compose-policy.yaml" in compose and "content:" not in compose.replace(
         "`content:`", "")
+
+
+def test_make_install_puts_what_the_unit_runs_where_it_looks(tmp_path):
+    """The unit ran /usr/local/bin/ratelimitd on /etc/ratelimitd's policy,
+    and nothing put them there (an audit): `make install` does, with the
+    unit rewritten to the directories given, and keeps a policy already
+    installed."""
+    prefix = tmp_path / "opt"
+    conf = tmp_path / "etc" / "ratelimitd" / "ratelimitd.yaml"
+    unit = tmp_path / "unit" / "ratelimitd.service"
+
+    def install():
+        r = subprocess.run(["make", "-s", "install", "PREFIX=%s" % prefix,
+                            "SYSCONFDIR=%s" % (tmp_path / "etc"),
+                            "UNITDIR=%s" % unit.parent],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    install()
+    binary = prefix / "bin" / "ratelimitd"
+    assert os.access(binary, os.X_OK)
+    r = subprocess.run([str(binary), "-t", "-c", str(conf)], capture_output=True, text=True,
+                       timeout=10)
+    assert r.returncode == 0 and r.stdout == "%s: ok\n" % conf, r.stdout + r.stderr
+    text = unit.read_text()
+    execs = [l for l in text.splitlines() if l.startswith(("ExecStart", "ExecReload"))]
+    assert execs == ["ExecStartPre=%s -t -c %s" % (binary, conf),
+                     "ExecStart=%s -c %s" % (binary, conf),
+                     "ExecReload=%s -t -c %s" % (binary, conf),
+                     "ExecReload=/bin/kill -HUP $MAINPID"], execs
+    assert oct(unit.stat().st_mode & 0o777) == "0o644"
+    if shutil.which("systemd-analyze"):
+        # every command the unit names exists and the unit parses
+        r = subprocess.run(["systemd-analyze", "verify", "--man=no", str(unit)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+    # the operator's edit survives a second install
+    conf.write_text(conf.read_text() + "# edited\n")
+    assert "kept as it is" in install()
+    assert conf.read_text().endswith("# edited\n")
+    r = subprocess.run(["make", "-s", "uninstall", "PREFIX=%s" % prefix,
+                        "UNITDIR=%s" % unit.parent], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and not binary.exists() and not unit.exists(), r.stderr
+    assert conf.exists()
+
+
+def dockerfile_healthcheck():
+    """The HEALTHCHECK's CMD, as Docker would exec it."""
+    with open(os.path.join(ROOT, "Dockerfile")) as f:
+        text = f.read()
+    at = text.index("\nHEALTHCHECK ")
+    cmd = text[text.index("CMD [", at) + 4:]
+    return json.loads(cmd[:cmd.index("]\n") + 1])
+
+
+def test_the_dockerfile_healthcheck_asks_the_daemon(start_daemon):
+    """No Docker engine runs here, so the image's HEALTHCHECK is run as
+    Docker runs it: healthy while the daemon serves on the port it is told,
+    unhealthy when nothing answers there."""
+    from helpers import policy
+    d = start_daemon(policy("  - name: r\n    match: {prefix: /}\n    limits: [{algorithm: "
+                            "fixed_window, limit: 5, window: 1m}]\n"))
+    cmd = dockerfile_healthcheck()
+    assert cmd[0] == "bash"
+    env = dict(os.environ, RATELIMITD_HEALTH_PORT=str(d.port))
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=10)
+    assert r.returncode == 0, r.stderr
+    assert d.stop() == 0
+    d.proc = None       # stopped here, not at teardown
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=10)
+    assert r.returncode != 0
