@@ -26,9 +26,11 @@
  */
 #define _GNU_SOURCE
 #include <stdio.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <event2/event.h>
 #include <hiredis/async.h>
@@ -48,6 +50,10 @@
 
 #define STORE_BACKOFF_MIN_US	50000LL		/* first retry after 50 ms */
 #define STORE_BACKOFF_MAX_US	1000000LL	/* never wait more than 1 s */
+/* Each wait is cut by up to a quarter at random: the sidecars of a fleet
+ * that lost one Redis together would otherwise retry in step, each
+ * second at the same moment (an audit saw them within 2 ms). */
+#define STORE_BACKOFF_JITTER	4
 #define STORE_STEADY_US		STORE_BACKOFF_MAX_US	/* see st_flapping */
 #define STORE_IDLE_PING_US	1000000LL	/* see keep_alive */
 #define STORE_STALL_MIN_US	1000000LL
@@ -149,9 +155,15 @@ struct store {
 	 * links back off to a second apart and are one outage in the log,
 	 * until one holds (the watchdog says so). */
 	int			 st_flapping;
+	uint64_t		 st_random;	/* see store_random */
 	long long		 st_up_us;	/* when the link came up */
 	/* The peer sent a reply that no command awaits (see guarded_functions). */
 	int			 st_unsolicited;
+	/* A script reply of a shape no call of ours gets (a status, an array
+	 * of the wrong length) was read: the replies on this link are out
+	 * of step with the calls, each the one meant for the call before it,
+	 * so none behind it is delivered (see on_batch_reply). */
+	int			 st_out_of_step;
 	int			 st_pinging;	/* a keep_alive PING is unanswered */
 	struct lookup		*st_lookup;	/* the host's name being looked up */
 
@@ -301,11 +313,25 @@ on_probe_reply(redisAsyncContext *ac, void *r, void *privdata)
 	link_answered(st, 0);
 }
 
-/* Arms the reconnect timer with the current backoff, then doubles it. */
+/* splitmix64: enough to spread retries, and each store's own. */
+static uint64_t
+store_random(struct store *st)
+{
+	uint64_t z = (st->st_random += 0x9e3779b97f4a7c15ULL);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+/* Arms the reconnect timer with the current backoff, less up to a
+ * STORE_BACKOFF_JITTER-th of it, then doubles it. */
 static void
 schedule_retry(struct store *st)
 {
-	struct timeval tv = tv_us(st->st_backoff_us);
+	long long cut = (long long)(store_random(st) %
+	    (uint64_t)(st->st_backoff_us / STORE_BACKOFF_JITTER + 1));
+	struct timeval tv = tv_us(st->st_backoff_us - cut);
 
 	set_state(st, STORE_DOWN);
 	st->st_tcp_up = 0;
@@ -681,6 +707,7 @@ connect_to(struct store *st, const char *ip)
 	ac->c.reader->privdata = ac;
 	st->st_ac = ac;
 	st->st_unsolicited = 0;
+	st->st_out_of_step = 0;
 	st->st_pinging = 0;
 	st->st_tcp_up = 0;
 	st->st_script_loading = 0;
@@ -923,6 +950,8 @@ is_readonly(const char *error)
 
 #define DELIVERED_READONLY	1	/* a check failed with READONLY */
 #define DELIVERED_WROTE		2	/* a check was allowed: it wrote */
+#define DELIVERED_OUT_OF_STEP	4	/* see st_out_of_step */
+#define DELIVERED_NOPERM	8	/* the call itself was refused by ACL */
 
 /* Hands each check its slice of the reply: 2 + 5 integers per limit, or,
  * for a check whose Redis commands failed (WRONGTYPE, OOM), -1 and the
@@ -938,7 +967,7 @@ batch_deliver(struct store_batch *b, const redisReply *reply)
 		want += LIMITER_REPLY_INTS(b->sb_nlimits[i]);
 	if (reply->elements != want) {
 		batch_fail(b, STORE_ERROR, "script reply has the wrong length");
-		return 0;
+		return DELIVERED_OUT_OF_STEP;
 	}
 	for (size_t i = 0; i < b->sb_n; i++) {
 		struct store_result res = { STORE_OK, ints,
@@ -955,10 +984,11 @@ batch_deliver(struct store_batch *b, const redisReply *reply)
 			call_fail(b->sb_calls[i], STORE_ERROR, error);
 			continue;
 		}
-		if (slice_ints(slice, res.nints, ints) == -1)
+		if (slice_ints(slice, res.nints, ints) == -1) {
 			call_fail(b->sb_calls[i], STORE_ERROR,
 			    "script reply is not integers");
-		else {
+			flags |= DELIVERED_OUT_OF_STEP;
+		} else {
 			if (ints[0] == 1)
 				flags |= DELIVERED_WROTE;
 			b->sb_calls[i]->sc_cb(b->sb_calls[i]->sc_arg, &res);
@@ -985,6 +1015,9 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 	}
 	if (reply == NULL)
 		batch_fail(b, STORE_DISCONNECTED, NULL);
+	else if (st->st_ac == ac && st->st_out_of_step)
+		/* Another call's reply, or anything: the link is going. */
+		batch_fail(b, STORE_DISCONNECTED, NULL);
 	else if (reply->type == REDIS_REPLY_ERROR) {
 		if (strncmp(reply->str, "NOSCRIPT", 8) == 0) {
 			/* Queued ahead of the checks' retries. */
@@ -993,15 +1026,40 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 		} else {
 			if (is_readonly(reply->str))
 				flags = DELIVERED_READONLY;
+			else if (strncmp(reply->str, "NOPERM", 6) == 0)
+				flags = DELIVERED_NOPERM;
 			batch_fail(b, STORE_ERROR, reply->str);
 		}
 	} else if (reply->type == REDIS_REPLY_ARRAY)
 		flags = batch_deliver(b, reply);
-	else
+	else {
 		batch_fail(b, STORE_ERROR, "unexpected script reply");
+		flags = DELIVERED_OUT_OF_STEP;
+	}
 	batch_put(st, b);
-	if (st->st_ac != ac || reply == NULL)
+	if (st->st_ac != ac || reply == NULL || st->st_out_of_step)
 		return;
+	if (flags & DELIVERED_NOPERM) {
+		/* EVALSHA taken from the user while linked: as at a link's
+		 * first call (on_probe_reply), so /readyz and the alert on the
+		 * link say it, not only the errors. A key the ACL keeps from
+		 * the script is one check's error, inside the array. */
+		if (!st->st_link_failed)
+			handshake_refused(st, "EVALSHA of the limits script",
+			    reply->str);
+		return;
+	}
+	if (flags & DELIVERED_OUT_OF_STEP) {
+		/* A reply some middlebox added, or one it lost: the replies
+		 * behind it would each be taken for the next call's, verdicts
+		 * of other clients. Redis itself never sends such a reply. */
+		st->st_out_of_step = 1;
+		store_drop(st, "a script reply of a shape no call gets: the "
+		    "replies on this link are out of step with the calls (a "
+		    "proxy that adds or drops replies, or a server that is not "
+		    "Redis)");
+		return;
+	}
 	/* Only an allowed check wrote: a replica answers a denial too. */
 	if (!(flags & DELIVERED_READONLY))
 		link_answered(st, flags & DELIVERED_WROTE);
@@ -1199,6 +1257,10 @@ store_new(int worker, struct event_base *base, const struct config *config,
 	TAILQ_INIT(&st->st_queue);
 	TAILQ_INIT(&st->st_sent);
 	st->st_backoff_us = STORE_BACKOFF_MIN_US;
+	/* Sidecars started together differ in pid, and their workers in
+	 * number; the clock adds the rest. */
+	st->st_random = (uint64_t)mono_us() ^ ((uint64_t)getpid() << 32) ^
+	    (uint64_t)worker * 0x9e3779b97f4a7c15ULL;
 	st->st_retry_ev = evtimer_new(base, on_retry, st);
 	st->st_handshake_ev = evtimer_new(base, on_handshake_timeout, st);
 	st->st_drop_ev = event_new(base, -1, 0, on_drop, st);

@@ -189,6 +189,46 @@ class SilentAfterHandshake(ReplyProxy):
             pass
 
 
+class StrayReply(ReplyProxy):
+    """Passes replies, until `hold()`: then keeps them, and `release()`
+    sends what it kept behind one reply no command asked for (`+OK`), as a
+    broken middlebox would. Replies behind it are each one call late."""
+
+    def __init__(self, redis_port):
+        self.lock = threading.Lock()
+        self.kept = None        # None: passing
+        self.dst = None
+        super().__init__(redis_port)
+
+    def replies(self, src, dst):
+        self.dst = dst
+        threading.Thread(target=self.forward, args=(src, dst), daemon=True).start()
+
+    def forward(self, src, dst):
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    dst.close()
+                    return
+                with self.lock:
+                    if self.kept is not None:
+                        self.kept += data
+                        continue
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def hold(self):
+        with self.lock:
+            self.kept = b""
+
+    def release(self):
+        with self.lock:
+            out, self.kept = b"+OK\r\n" + self.kept, None
+            self.dst.sendall(out)
+
+
 class FakeRedis(Listener):
     """Speaks enough RESP to pass the daemon's handshake (AUTH, SELECT,
     INFO of a primary, SCRIPT LOAD, the zero-check probe), then answers

@@ -16,7 +16,7 @@ import requests
 from conftest import ROOT, RedisServer, wait_until
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
 from helpers import ArgsRedis, all_keys, check, healthy, policy, rkey, shared_daemon, vcheck
-from proxies import FakeRedis, SilentAfterHandshake, TrickledReplies
+from proxies import FakeRedis, Listener, SilentAfterHandshake, StrayReply, TrickledReplies
 
 TIMEOUT_S = 0.050
 SLACK_S = 0.250
@@ -468,6 +468,90 @@ def test_a_link_silent_after_its_handshake_is_dropped_without_checks(start_daemo
         assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
     finally:
         proxy.close()
+
+
+def test_a_reply_out_of_step_drops_the_link_before_any_verdict_is_misdelivered(
+        start_daemon, redis_server):
+    """A middlebox put one reply no command asked for ahead of the replies:
+    the oldest call took it ("unexpected script reply") and each later call
+    the reply of the call before it, another client's verdict, until the
+    pipeline drained (an audit: Remaining 999 on a route of 7). The first
+    reply of a wrong shape now drops the link, and no reply behind it is
+    delivered."""
+    proxy = StrayReply(redis_server.port)
+    big = "  - name: big\n    match: {prefix: /big/}\n    key: header:X-Key\n" \
+          "    limits: [{algorithm: fixed_window, limit: 1000, window: 1h}]\n"
+    small = "  - name: small\n    match: {prefix: /small/}\n    key: header:X-Key\n" \
+            "    limits: [{algorithm: fixed_window, limit: 7, window: 1h}]\n"
+    try:
+        d = start_daemon(policy(big + small, timeout="2s"), redis_port=proxy.port)
+        got = {}
+
+        def ask(name, path):
+            got[name] = requests.get(d.url(path), headers={"X-Key": name}, timeout=10)
+        assert requests.get(d.url("/check/big/x"), headers={"X-Key": "w"},
+                            timeout=5).headers["X-RateLimit-Remaining"] == "999"
+        proxy.hold()
+        first = threading.Thread(target=ask, args=("a", "/check/big/x"))
+        first.start()
+        time.sleep(0.2)     # a call of its own, on its way before the next
+        second = threading.Thread(target=ask, args=("b", "/check/small/x"))
+        second.start()
+        time.sleep(0.2)
+        proxy.release()
+        first.join()
+        second.join()
+        for name, limit in (("a", "1000"), ("b", "7")):
+            h = got[name].headers
+            assert got[name].status_code == 200, (name, got[name].status_code)
+            assert (h["X-RateLimit-Limit"], h["X-RateLimit-Remaining"]) == (limit, "-1"), \
+                (name, dict(h), d.log())
+        assert wait_until(lambda: "out of step with the calls" in d.log(), timeout=3), d.log()
+        # a new link, whose replies are each its own call's again
+        assert wait_until(lambda: requests.get(
+            d.url("/check/small/x"), headers={"X-Key": "c"},
+            timeout=5).headers["X-RateLimit-Remaining"] != "-1", timeout=5), d.log()
+        r = requests.get(d.url("/check/small/x"), headers={"X-Key": "c"}, timeout=5)
+        assert r.headers["X-RateLimit-Limit"] == "7" and \
+            int(r.headers["X-RateLimit-Remaining"]) <= 5, dict(r.headers)
+    finally:
+        proxy.close()
+
+
+class ClosesAtOnce(Listener):
+    """A port that takes each connection and closes it: when each came."""
+
+    def __init__(self):
+        self.times = []
+        super().__init__()
+
+    def take(self, sock):
+        self.times.append(time.monotonic())
+        sock.close()
+
+
+def test_reconnects_are_spread_not_in_step(start_daemon):
+    """Every wait of the backoff was exactly 50, 100 ... 1000 ms, so a
+    fleet that lost its Redis together retried each second within 2 ms
+    (an audit). Each wait is now cut by up to a quarter at random: some
+    gaps between attempts come out shorter than any step of the backoff
+    (a timer never fires early, so without jitter none could)."""
+    port = ClosesAtOnce()
+    try:
+        start_daemon(SIMPLE, redis_port=port.port, wait_ready=False)
+        time.sleep(4.5)
+        times = list(port.times)
+    finally:
+        port.close()
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert len(gaps) >= 4, gaps
+    steps = [0.05 * 2 ** i for i in range(5)] + [1.0]
+
+    def on_a_step(g):
+        return any(s - 0.003 <= g <= s + 0.05 for s in steps)
+    off = [round(g, 3) for g in gaps if not on_a_step(g)]
+    assert len(off) >= 2, [round(g, 3) for g in gaps]
+    assert max(gaps) <= 1.1, gaps
 
 
 def test_reload_to_another_redis_leaves_nothing_pending(start_daemon, redis_server, tmp_path):
@@ -1346,3 +1430,28 @@ def test_a_user_without_evalsha_is_not_ready(start_daemon, redis_server):
     # given the command, the next attempt takes the link up
     rc.execute_command("ACL", "SETUSER", "noeval", "+evalsha")
     assert wait_until(lambda: ready(d), timeout=5), d.log()
+
+
+def test_evalsha_taken_from_the_user_while_linked_drops_the_link(start_daemon,
+                                                                  redis_server):
+    """EVALSHA revoked while the link was up: every check failed with
+    NOPERM as kind "error" while /readyz said up and
+    ratelimitd_redis_connected 1, until something else dropped the link
+    (an audit; the alerting table says NOPERM drops it). It is refused as
+    at a link's first call, and taken up again once allowed."""
+    rc = redis_server.client()
+    rc.execute_command("ACL", "SETUSER", "rl", "on", ">rl-pw", "~*", "+@all")
+    d = start_daemon(policy(route("r", "/"),
+                            redis="  username: rl\n  password_env: RL_PW\n"),
+                     env={"RL_PW": "rl-pw"})
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+    rc.execute_command("ACL", "SETUSER", "rl", "-evalsha")
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "-1"
+    assert wait_until(lambda: not ready(d), timeout=3), d.log()
+    assert "EVALSHA of the limits script failed: NOPERM" in d.log(), d.log()
+    m = requests.get(d.url("/metrics"), timeout=2).text
+    assert "ratelimitd_redis_connected 0" in m, m
+    assert_fail_open(d, n=3)
+    rc.execute_command("ACL", "SETUSER", "rl", "+evalsha")
+    assert wait_until(lambda: ready(d), timeout=5), d.log()
+    assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "3"
