@@ -99,7 +99,8 @@ integration: all
 # rules rather than the daemon, so they are not repeated here; nor is
 # test_algorithms_daemon, whose 40 s are mostly waits for real time to
 # refill a limit, over the check path every other suite takes (it kept a
-# fresh-clone CI run near its 15 minutes).
+# fresh-clone CI run near its 15 minutes); and two tests that only wait on
+# timers (the reload's 10 s bound, the reconnect jitter).
 asan:
 	$(MAKE) SANITIZE=address,undefined CC=clang build/asan/ratelimitd
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
@@ -112,7 +113,9 @@ asan:
 	    --ignore=tests/integration/test_allocations.py \
 	    --ignore=tests/integration/test_syscalls.py \
 	    --ignore=tests/integration/test_prometheus.py \
-	    --ignore=tests/integration/test_algorithms_daemon.py
+	    --ignore=tests/integration/test_algorithms_daemon.py \
+	    --deselect tests/integration/test_reload.py::test_a_file_that_never_holds_still_is_loaded_after_10_s \
+	    --deselect tests/integration/test_redis_faults.py::test_reconnects_are_spread_not_in_step
 
 # The suites that run several workers, reloads and Redis faults, against a
 # ThreadSanitizer build: the workers share nothing mutable but the policy
