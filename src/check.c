@@ -234,7 +234,7 @@ access_log(const struct check *ck, int status, enum check_result result,
 	static const char *const results[] = { "allowed", "denied",
 	    "shadow_denied", "failed_open", "failed_closed", "no_route" };
 
-	log_access(ck->ck_route ? ck->ck_route->name : "-", ck->ck_client,
+	log_access(ck->ck_route ? ck->ck_route->name : NULL, ck->ck_client,
 	    strlen(ck->ck_client), status, results[result], ck->ck_cost, took_us);
 }
 
@@ -490,12 +490,18 @@ check_on_reply(void *arg, const struct store_result *res)
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_DISCONNECTED);
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
-	case STORE_ERROR:
+	case STORE_ERROR: {
+		/* The server's bytes, escaped as every untrusted byte in a
+		 * line is (the store has cut the password out). */
+		char text[sizeof(w->w_error_last)];
+
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_ERROR);
 		log_redis_error(w, ck->ck_route->name, "%s", res->error ?
-		    res->error : "unknown");
+		    log_escape(text, sizeof(text), res->error,
+		    strlen(res->error)) : "unknown");
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
+	}
 	case STORE_OK:
 		break;
 	}

@@ -54,6 +54,7 @@
  * that lost one Redis together would otherwise retry in step, each
  * second at the same moment (an audit saw them within 2 ms). */
 #define STORE_BACKOFF_JITTER	4
+#define STORE_ERROR_TEXT_MAX	512	/* of a server's error, as logged */
 #define STORE_STEADY_US		STORE_BACKOFF_MAX_US	/* see st_flapping */
 #define STORE_IDLE_PING_US	1000000LL	/* see keep_alive */
 #define STORE_STALL_MIN_US	1000000LL
@@ -393,16 +394,74 @@ on_disconnect(const redisAsyncContext *ac, int status)
 }
 
 /*
- * A handshake step refused (AUTH, SELECT, INFO, SCRIPT LOAD): Redis's
- * message, which never contains the password, logged once per outage (a
- * wrong password fails every attempt the same way); the replies already
- * read behind it must not bring the link up before the drop.
+ * A server's error text with the password cut out, into buf (or error
+ * itself when there is nothing to cut). Redis's own AUTH errors never hold
+ * it, but a Redis whose AUTH is renamed away answers "unknown command
+ * 'AUTH', with args beginning with: '<password>'" (cut short at 128
+ * bytes), and a proxy or a server that is not Redis may echo anything
+ * (an audit saw both): SPEC 8 has the password appear nowhere. A run of
+ * STORE_SECRET_RUN or more bytes that begins the password is cut too, as
+ * an echo cut short ends with one.
+ */
+#define STORE_SECRET_RUN	4
+static const char *
+error_without_password(const struct store *st, const char *error, char *buf,
+    size_t size)
+{
+	const char *pw = st->st_password;
+	size_t plen, run, o = 0;
+	int cut = 0;
+
+	if (pw == NULL || (plen = strlen(pw)) == 0 || size == 0)
+		return error;
+	run = plen < STORE_SECRET_RUN ? plen : STORE_SECRET_RUN;
+	for (const char *p = error; *p != '\0';) {
+		size_t m = 0;
+
+		while (m < plen && p[m] == pw[m])
+			m++;
+		if (m >= run) {
+			static const char mark[] = "(password)";
+
+			if (o + sizeof(mark) - 1 >= size)
+				break;
+			memcpy(buf + o, mark, sizeof(mark) - 1);
+			o += sizeof(mark) - 1;
+			p += m;
+			cut = 1;
+			continue;
+		}
+		if (o + 1 >= size)
+			break;
+		buf[o++] = *p++;
+	}
+	buf[o] = '\0';
+	return cut ? buf : error;
+}
+
+/* A server's error text as a log line may hold it: the password cut out,
+ * then escaped as every untrusted byte is (a server that is not Redis may
+ * send a terminal's escape sequences). */
+static const char *
+error_for_log(const struct store *st, const char *error, char *buf, size_t size)
+{
+	char cut[STORE_ERROR_TEXT_MAX];
+	const char *text = error_without_password(st, error, cut, sizeof(cut));
+
+	return log_escape(buf, size, text, strlen(text));
+}
+
+/*
+ * A handshake step refused (AUTH, SELECT, INFO, SCRIPT LOAD): the server's
+ * message, logged once per outage (a wrong password fails every attempt
+ * the same way); the replies already read behind it must not bring the
+ * link up before the drop.
  */
 static void
 handshake_refused(struct store *st, const char *step, const char *error)
 {
 	/* What to do about the two an operator meets first. */
-	char hint[256] = "";
+	char hint[256] = "", text[STORE_ERROR_TEXT_MAX * 4];
 
 	if (strncmp(error, "NOAUTH", 6) == 0 && st->st_password == NULL) {
 		if (st->st_password_env)
@@ -417,7 +476,8 @@ handshake_refused(struct store *st, const char *step, const char *error)
 		snprintf(hint, sizeof(hint), " (check redis.username and the "
 		    "variable redis.password_env names)");
 	if (!st->st_logged_handshake)
-		log_warnx("%s: %s failed: %s%s", st->st_who, step, error, hint);
+		log_warnx("%s: %s failed: %s%s", st->st_who, step,
+		    error_for_log(st, error, text, sizeof(text)), hint);
 	st->st_logged_handshake = 1;
 	st->st_logged_down = 1;
 	st->st_link_failed = 1;
@@ -978,10 +1038,13 @@ batch_deliver(struct store_batch *b, const redisReply *reply)
 		if (slice[0]->type == REDIS_REPLY_INTEGER && slice[0]->integer == -1) {
 			const char *error = slice[1]->type == REDIS_REPLY_STRING ?
 			    slice[1]->str : "script error";
+			char cut[STORE_ERROR_TEXT_MAX];
 
 			if (is_readonly(error))
 				flags |= DELIVERED_READONLY;
-			call_fail(b->sb_calls[i], STORE_ERROR, error);
+			call_fail(b->sb_calls[i], STORE_ERROR,
+			    error_without_password(b->sb_store, error, cut,
+			    sizeof(cut)));
 			continue;
 		}
 		if (slice_ints(slice, res.nints, ints) == -1) {
@@ -1024,11 +1087,14 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 			load_script(st);
 			batch_fail(b, STORE_NOSCRIPT, NULL);
 		} else {
+			char cut[STORE_ERROR_TEXT_MAX];
+
 			if (is_readonly(reply->str))
 				flags = DELIVERED_READONLY;
 			else if (strncmp(reply->str, "NOPERM", 6) == 0)
 				flags = DELIVERED_NOPERM;
-			batch_fail(b, STORE_ERROR, reply->str);
+			batch_fail(b, STORE_ERROR, error_without_password(st,
+			    reply->str, cut, sizeof(cut)));
 		}
 	} else if (reply->type == REDIS_REPLY_ARRAY)
 		flags = batch_deliver(b, reply);

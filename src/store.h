@@ -30,7 +30,8 @@ struct store_result {
 	enum store_status	 status;
 	const long long		*ints;
 	size_t			 nints;
-	const char		*error;
+	const char		*error;	/* STORE_ERROR: the server's text, the
+					 * password cut out, not escaped */
 	unsigned long		 link;	/* STORE_OK: the link that answered */
 };
 

@@ -785,6 +785,69 @@ def test_wrong_password_fails_open_and_is_not_logged(start_daemon, tmp_path):
         rs.stop()
 
 
+@pytest.mark.parametrize("password", [PASSWORD, "Long" + "x7" * 100])
+def test_a_redis_that_echoes_the_password_does_not_put_it_in_the_log(start_daemon, tmp_path,
+                                                                      password):
+    """A Redis whose AUTH is renamed away (a hardening step) answers "unknown
+    command 'AUTH', with args beginning with: '<password>'", cut short at
+    128 bytes for a long one: that went to the log whole (an audit)."""
+    rs = ArgsRedis(tmp_path, extra=["--rename-command", "AUTH", ""]).start()
+    try:
+        d = start_daemon(policy(route("r", "/"), redis="  password_env: RL_TEST_PW\n"),
+                         redis_port=rs.port, env={"RL_TEST_PW": password}, wait_ready=False)
+        assert wait_until(lambda: "AUTH failed" in d.log(), timeout=5), d.log()
+        assert_fail_open(d, n=2)
+        log = d.log()
+        assert "unknown command 'AUTH', with args beginning with: '(password)" in log, log
+        assert password[:STORE_SECRET_RUN] not in log, log
+    finally:
+        rs.stop()
+
+
+STORE_SECRET_RUN = 4    # store.c: the shortest start of the password cut
+
+
+class EchoingServer(FakeRedis):
+    """Answers AUTH with everything it was sent, and each script call with
+    an error of hostile bytes that ends in what AUTH was sent: a server
+    that is not Redis, or a proxy that echoes."""
+
+    def __init__(self):
+        self.auth = b""
+        super().__init__(None)
+
+    def answer(self, args):
+        if args[0].upper() == b"AUTH":
+            self.auth = b" ".join(args)
+            return b"+OK\r\n" if self.keyed else b"-ERR got %s\r\n" % self.auth
+        return super().answer(args)
+
+
+def test_a_server_error_reaches_the_log_escaped_and_without_the_password(start_daemon):
+    """Bytes of a server's error reply reached a text log raw (a terminal's
+    escape sequences, invalid UTF-8, quotes), though the README says every
+    untrusted byte is escaped; and the password in an echo went with them."""
+    fake = EchoingServer()
+    try:
+        d = start_daemon(policy(route("r", "/"), redis="  password_env: RL_TEST_PW\n"),
+                         redis_port=fake.port, env={"RL_TEST_PW": PASSWORD}, wait_ready=False)
+        assert wait_until(lambda: "AUTH failed" in d.log(), timeout=5), d.log()
+        assert "AUTH failed: ERR got AUTH (password)" in d.log(), d.log()
+        # through the handshake now; each script call answered with an error
+        fake.keyed = b"-ERR bad \xff\x1b[31m \"q\" b\\s " + PASSWORD.encode() + b"\r\n"
+        assert wait_until(lambda: check(d, "/check/x").headers["X-RateLimit-Remaining"] == "-1"
+                          and "error on route r" in d.log(), timeout=5), d.log()
+        with open(d.log_path, "rb") as f:
+            raw = f.read()
+        assert b"\x1b" not in raw and b"\xff" not in raw, raw[-600:]
+        assert PASSWORD.encode() not in raw and PASSWORD[:STORE_SECRET_RUN].encode() not in raw
+        line = [l for l in raw.decode().splitlines() if "error on route r" in l][0]
+        assert line.endswith('error on route r: ERR bad \\xff\\x1b[31m \\"q\\" b\\\\s '
+                             '(password)'), line
+    finally:
+        fake.close()
+
+
 def test_password_against_redis_without_one_never_comes_up(start_daemon, redis_server):
     """A Redis without a password refuses AUTH but runs what follows it
     (SCRIPT LOAD): the link must not come up on those replies. One line in
