@@ -421,8 +421,8 @@ log_access(const char *route, const char *key, size_t keylen, int status,
 	if (format == LOG_FORMAT_TEXT) {
 		log_escape(ekey, sizeof(ekey), key, keylen);
 		snprintf(line, sizeof(line), "check route=%s key=\"%s\" status=%d "
-		    "result=%s cost=%lld us=%lld", route, ekey, status, result,
-		    cost, took_us);
+		    "result=%s cost=%lld us=%lld", route ? route : "-", ekey,
+		    status, result, cost, took_us);
 		log_emit(format, "access", line, NULL);
 		return;
 	}
@@ -434,10 +434,13 @@ log_access(const char *route, const char *key, size_t keylen, int status,
 		json_escape(ekey, sizeof(ekey), raw);
 	}
 	format_ts(ts, sizeof(ts));
+	/* No route is null, as /v1/check says it; route names need no
+	 * escaping (the loader takes A-Z a-z 0-9 _ - . only). */
 	n = snprintf(line, sizeof(line), "{\"ts\":\"%s\",\"level\":\"access\","
-	    "\"msg\":\"check\",\"route\":\"%s\",\"key\":\"%s\",\"status\":%d,\"result\":\"%s\","
-	    "\"cost\":%lld,\"us\":%lld}\n", ts, route, ekey, status, result, cost,
-	    took_us);
+	    "\"msg\":\"check\",\"route\":%s%s%s,\"key\":\"%s\",\"status\":%d,"
+	    "\"result\":\"%s\",\"cost\":%lld,\"us\":%lld}\n", ts,
+	    route ? "\"" : "", route ? route : "null", route ? "\"" : "", ekey,
+	    status, result, cost, took_us);
 	if (n > 0 && (size_t)n < sizeof(line))
 		log_put(line, (size_t)n);
 }

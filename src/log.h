@@ -23,8 +23,9 @@ void log_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warnx(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-/* An access line, written at any level: route, escaped key, status, result,
- * cost and microseconds; JSON fields in JSON mode, key=value otherwise. */
+/* An access line, written at any level: route (NULL: none matched),
+ * escaped key, status, result, cost and microseconds; JSON fields in JSON
+ * mode, key=value otherwise. */
 void log_access(const char *route, const char *key, size_t keylen, int status,
     const char *result, long long cost, long long took_us);
 void fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));

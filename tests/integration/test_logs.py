@@ -163,6 +163,16 @@ def test_hostile_keys_escaped_in_access_log(ops_daemon):
     assert not any(re.search(r'\broute=fake\b', l.split('key="', 1)[0]) for l in lines)
 
 
+def test_json_access_line_says_no_route_as_null(ops_daemon):
+    """It said "route":"-", the text format's placeholder, where /v1/check
+    says null (an audit)."""
+    d = ops_daemon(log_policy("{format: json, access: true}"))
+    assert check(d, "/check/elsewhere").status_code == 200
+    assert wait_until(lambda: '"result":"no_route"' in d.log(), timeout=3), d.log()
+    line = json.loads([l for l in d.log().splitlines() if '"no_route"' in l][0])
+    assert line["route"] is None and line["status"] == 200, line
+
+
 def test_json_access_line_has_the_whole_key(ops_daemon):
     """A 256-byte key of quotes is 768 bytes percent-encoded, as in its
     Redis key: the JSON access line cut it at 511, inside an escape."""
