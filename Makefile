@@ -229,6 +229,7 @@ install: all
 	fi
 	sed -e 's|/usr/local/bin/ratelimitd|$(BINDIR)/ratelimitd|g' \
 	    -e 's|/etc/ratelimitd/|$(CONFDIR)/|g' \
+	    -e 's|/etc/default/ratelimitd|$(SYSCONFDIR)/default/ratelimitd|g' \
 	    systemd/ratelimitd.service > $(DESTDIR)$(UNITDIR)/ratelimitd.service.tmp
 	chmod 0644 $(DESTDIR)$(UNITDIR)/ratelimitd.service.tmp
 	mv -f $(DESTDIR)$(UNITDIR)/ratelimitd.service.tmp $(DESTDIR)$(UNITDIR)/ratelimitd.service
@@ -236,6 +237,8 @@ install: all
 
 # The policy stays: it is the operator's.
 uninstall:
+	@test -n "$(BINDIR)" && test -n "$(UNITDIR)" || \
+	    { echo "uninstall: BINDIR and UNITDIR must not be empty"; exit 1; }
 	rm -f $(DESTDIR)$(BINDIR)/ratelimitd $(DESTDIR)$(UNITDIR)/ratelimitd.service
 
 clean:

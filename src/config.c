@@ -173,6 +173,16 @@ warnf(struct loader *ld, const struct node *nd, const char *fmt, ...)
 	    ld->path, nd->line, nd->col, msg);
 }
 
+/* Forgets the errors found since there were n. */
+static void
+errors_truncate(struct loader *ld, size_t n)
+{
+	struct config_errors *e = ld->errors;
+
+	while (e->n > n)
+		free(e->lines[--e->n]);
+}
+
 static int
 error_pos_cmp(const void *a, const void *b)
 {
@@ -861,6 +871,7 @@ yaml_load_file(struct loader *ld, FILE *fp)
 	for (int tries = 0;; tries++) {
 		yaml_parser_t parser;
 		struct yaml_failure f;
+		size_t nerr = ld->errors->n;
 
 		yaml_parser_initialize(&parser);
 		root = yaml_parse_source(ld, &src, &parser);
@@ -871,6 +882,9 @@ yaml_load_file(struct loader *ld, FILE *fp)
 		if (tries < FLOW_COLON_RETRIES &&
 		    replace_flow_colon(ld, &src, &f) == 0) {
 			first[tries] = f;
+			/* what this pass said (an anchor, an alias) the next
+			 * says again */
+			errors_truncate(ld, nerr);
 			continue;		/* parse again, past that colon */
 		}
 		/* still stopped on the address, further on its line; past

@@ -408,21 +408,24 @@ static const char *
 error_without_password(const struct store *st, const char *error, char *buf,
     size_t size)
 {
-	const char *pw = st->st_password;
-	size_t plen, run, o = 0;
+	static const char mark[] = "(password)";
+	const char *pw = st->st_password, *p = error;
+	size_t plen, o = 0;
 	int cut = 0;
 
-	if (pw == NULL || (plen = strlen(pw)) == 0 || size == 0)
+	if (pw == NULL || (plen = strlen(pw)) == 0)
 		return error;
-	run = plen < STORE_SECRET_RUN ? plen : STORE_SECRET_RUN;
-	for (const char *p = error; *p != '\0';) {
+	/* Cut where it stood, a password this short would still be read
+	 * back from the texts Redis words alike every time. */
+	if (plen < STORE_SECRET_RUN)
+		return strstr(error, pw) ? "(not shown: the server's text holds "
+		    "the password's characters)" : error;
+	while (*p != '\0') {
 		size_t m = 0;
 
 		while (m < plen && p[m] == pw[m])
 			m++;
-		if (m >= run) {
-			static const char mark[] = "(password)";
-
+		if (m >= STORE_SECRET_RUN) {
 			if (o + sizeof(mark) - 1 >= size)
 				break;
 			memcpy(buf + o, mark, sizeof(mark) - 1);
@@ -436,7 +439,9 @@ error_without_password(const struct store *st, const char *error, char *buf,
 		buf[o++] = *p++;
 	}
 	buf[o] = '\0';
-	return cut ? buf : error;
+	/* Cut short (the rest may hold it) or cut: the copy, never the
+	 * server's text as it came. */
+	return cut || *p != '\0' ? buf : error;
 }
 
 /* A server's error text as a log line may hold it: the password cut out,
@@ -508,7 +513,7 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 	if (st == NULL || st->st_ac != ac)
 		return;
 	st->st_script_loading = 0;
-	if (reply == NULL || st->st_link_failed)
+	if (reply == NULL || st->st_link_failed || st->st_out_of_step)
 		return;
 	if (reply->type != REDIS_REPLY_STRING || reply->len != 40) {
 		handshake_refused(st, "SCRIPT LOAD", reply->type == REDIS_REPLY_ERROR ?
@@ -1008,6 +1013,17 @@ is_readonly(const char *error)
 	return strncmp(error, "READONLY", 8) == 0;
 }
 
+/* NOPERM for the command itself ("... no permissions to run the 'evalsha'
+ * command"), not for a key: Redis 7 checks a call's declared keys against
+ * the ACL before the script runs and refuses the whole call for one key
+ * it keeps from the user, which other calls' keys may not be. */
+static int
+is_evalsha_refused(const char *error)
+{
+	return strncmp(error, "NOPERM", 6) == 0 &&
+	    strstr(error, "permissions to run") != NULL;
+}
+
 #define DELIVERED_READONLY	1	/* a check failed with READONLY */
 #define DELIVERED_WROTE		2	/* a check was allowed: it wrote */
 #define DELIVERED_OUT_OF_STEP	4	/* see st_out_of_step */
@@ -1029,6 +1045,21 @@ batch_deliver(struct store_batch *b, const redisReply *reply)
 		batch_fail(b, STORE_ERROR, "script reply has the wrong length");
 		return DELIVERED_OUT_OF_STEP;
 	}
+	/* The whole reply's shape first: one that is not this call's is
+	 * no check's verdict, not even of the slices before the odd one. */
+	for (size_t i = 0; i < b->sb_n; i++) {
+		redisReply **slice = reply->element + at;
+		size_t n = LIMITER_REPLY_INTS(b->sb_nlimits[i]);
+
+		at += n;
+		if (slice[0]->type == REDIS_REPLY_INTEGER && slice[0]->integer == -1)
+			continue;	/* a failed check: -1, its text, zeros */
+		if (slice_ints(slice, n, ints) == -1) {
+			batch_fail(b, STORE_ERROR, "script reply is not integers");
+			return DELIVERED_OUT_OF_STEP;
+		}
+	}
+	at = 0;
 	for (size_t i = 0; i < b->sb_n; i++) {
 		struct store_result res = { STORE_OK, ints,
 		    LIMITER_REPLY_INTS(b->sb_nlimits[i]), NULL, b->sb_store->st_link };
@@ -1047,15 +1078,10 @@ batch_deliver(struct store_batch *b, const redisReply *reply)
 			    sizeof(cut)));
 			continue;
 		}
-		if (slice_ints(slice, res.nints, ints) == -1) {
-			call_fail(b->sb_calls[i], STORE_ERROR,
-			    "script reply is not integers");
-			flags |= DELIVERED_OUT_OF_STEP;
-		} else {
-			if (ints[0] == 1)
-				flags |= DELIVERED_WROTE;
-			b->sb_calls[i]->sc_cb(b->sb_calls[i]->sc_arg, &res);
-		}
+		(void)slice_ints(slice, res.nints, ints);	/* checked above */
+		if (ints[0] == 1)
+			flags |= DELIVERED_WROTE;
+		b->sb_calls[i]->sc_cb(b->sb_calls[i]->sc_arg, &res);
 	}
 	return flags;
 }
@@ -1091,7 +1117,7 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 
 			if (is_readonly(reply->str))
 				flags = DELIVERED_READONLY;
-			else if (strncmp(reply->str, "NOPERM", 6) == 0)
+			else if (is_evalsha_refused(reply->str))
 				flags = DELIVERED_NOPERM;
 			batch_fail(b, STORE_ERROR, error_without_password(st,
 			    reply->str, cut, sizeof(cut)));
@@ -1109,21 +1135,24 @@ on_batch_reply(redisAsyncContext *ac, void *r, void *privdata)
 		/* EVALSHA taken from the user while linked: as at a link's
 		 * first call (on_probe_reply), so /readyz and the alert on the
 		 * link say it, not only the errors. A key the ACL keeps from
-		 * the script is one check's error, inside the array. */
+		 * the user fails its call alone (is_evalsha_refused). */
 		if (!st->st_link_failed)
 			handshake_refused(st, "EVALSHA of the limits script",
 			    reply->str);
 		return;
 	}
 	if (flags & DELIVERED_OUT_OF_STEP) {
-		/* A reply some middlebox added, or one it lost: the replies
-		 * behind it would each be taken for the next call's, verdicts
-		 * of other clients. Redis itself never sends such a reply. */
+		/* A reply some middlebox added: the replies behind it would
+		 * each be taken for the next call's, verdicts of other
+		 * clients. Redis itself never sends such a reply. (One of
+		 * the same shape as the call's, or one lost, cannot be told.)
+		 * A link already being dropped is only kept from delivering. */
+		if (!st->st_link_failed)
+			store_drop(st, "a script reply of a shape no call gets: "
+			    "the replies on this link are out of step with the "
+			    "calls (a proxy that adds or drops replies, or a "
+			    "server that is not Redis)");
 		st->st_out_of_step = 1;
-		store_drop(st, "a script reply of a shape no call gets: the "
-		    "replies on this link are out of step with the calls (a "
-		    "proxy that adds or drops replies, or a server that is not "
-		    "Redis)");
 		return;
 	}
 	/* Only an allowed check wrote: a replica answers a denial too. */

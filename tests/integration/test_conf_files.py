@@ -160,6 +160,7 @@ def test_make_install_puts_what_the_unit_runs_where_it_looks(tmp_path):
                      "ExecStart=%s -c %s" % (binary, conf),
                      "ExecReload=%s -t -c %s" % (binary, conf),
                      "ExecReload=/bin/kill -HUP $MAINPID"], execs
+    assert "EnvironmentFile=-%s" % (tmp_path / "etc" / "default" / "ratelimitd") in text
     assert oct(unit.stat().st_mode & 0o777) == "0o644"
     if shutil.which("systemd-analyze"):
         # every command the unit names exists and the unit parses

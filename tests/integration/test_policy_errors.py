@@ -335,6 +335,18 @@ def test_an_alias_or_a_nul_leaves_the_rest_of_the_file_checked(tmp_path):
     assert errs == [(9, 9, "aliases are not allowed in a policy file")], errs
 
 
+def test_refusals_before_a_bare_ipv6_are_said_once(tmp_path):
+    """Each parse the loader makes to step past a bare IPv6 value said the
+    refusals before it again: an anchor, an alias or a NUL four times for
+    three values (a review)."""
+    errs = run_bad(write(tmp_path, variant({
+        10: "  - name: &a api",
+        14: '      - { name: "b\\0", algorithm: token_bucket, rate: "10/s", burst: 20 }',
+        18: "    key: *k"}, delete=(8,)) + [
+            "trusted_proxies: [::1/128, ::2/128, ::3/128]"]))
+    assert [(l, c) for l, c, _ in errs] == [(9, 11), (13, 17), (17, 10)], errs
+
+
 def test_missing_routes(tmp_path):
     path = write(tmp_path, BASE[:8])
     errs = run_bad(path)

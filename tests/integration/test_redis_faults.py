@@ -848,6 +848,49 @@ def test_a_server_error_reaches_the_log_escaped_and_without_the_password(start_d
         fake.close()
 
 
+@pytest.mark.parametrize("username, password, shown", [
+    # an echo longer than the text kept: cut short, the rest unseen (a
+    # review: it was logged whole, password and all, when nothing had been
+    # cut before the cut-off)
+    ("u" * 600, PASSWORD, "ERR got AUTH uuu"),
+    # a password too short to cut out of a text Redis words alike each
+    # time: the text is not shown
+    (None, "ab", "(not shown: the server's text holds the password's characters)"),
+])
+def test_a_long_echo_or_a_short_password_never_shows_it(start_daemon, username, password,
+                                                         shown):
+    fake = EchoingServer()
+    redis = "  password_env: RL_TEST_PW\n" + ("  username: %s\n" % username if username else "")
+    try:
+        d = start_daemon(policy(route("r", "/"), redis=redis), redis_port=fake.port,
+                         env={"RL_TEST_PW": password}, wait_ready=False)
+        assert wait_until(lambda: "AUTH failed" in d.log(), timeout=5), d.log()
+        line = [l for l in d.log().splitlines() if "AUTH failed" in l][0]
+        assert shown in line and password not in line.split("AUTH failed", 1)[1], line
+    finally:
+        fake.close()
+
+
+def test_an_acl_that_keeps_one_route_s_keys_does_not_drop_the_link(start_daemon,
+                                                                   redis_server):
+    """Redis 7 refuses a whole EVALSHA with NOPERM for one declared key the
+    ACL keeps from the user: that is that call's error, not EVALSHA taken
+    away (a review: every such check dropped the link, failing the other
+    routes' checks in flight, and logged a refusal each second)."""
+    rc = redis_server.client()
+    rc.execute_command("ACL", "SETUSER", "rl", "on", ">rl-pw", "~rl:{a:*", "+@all")
+    d = start_daemon(policy(route("a", "/a/") + route("b", "/b/"),
+                            redis="  username: rl\n  password_env: RL_PW\n"),
+                     env={"RL_PW": "rl-pw"})
+    for _ in range(5):
+        assert check(d, "/check/b/x").headers["X-RateLimit-Remaining"] == "-1"
+        assert check(d, "/check/a/x").headers["X-RateLimit-Remaining"] != "-1"
+    assert ready(d), d.log()
+    assert "EVALSHA of the limits script failed" not in d.log(), d.log()
+    assert "permissions to access one of the keys" in d.log(), d.log()
+    assert d.log().count(": connected") == 1, d.log()
+
+
 def test_password_against_redis_without_one_never_comes_up(start_daemon, redis_server):
     """A Redis without a password refuses AUTH but runs what follows it
     (SCRIPT LOAD): the link must not come up on those replies. One line in
