@@ -997,14 +997,12 @@ batch_fail(struct store_batch *b, enum store_status status, const char *error)
 }
 
 static int
-slice_ints(redisReply *const *slice, size_t n, long long *ints)
+slice_is_ints(redisReply *const *slice, size_t n)
 {
-	for (size_t k = 0; k < n; k++) {
+	for (size_t k = 0; k < n; k++)
 		if (slice[k]->type != REDIS_REPLY_INTEGER)
-			return -1;
-		ints[k] = slice[k]->integer;
-	}
-	return 0;
+			return 0;
+	return 1;
 }
 
 static int
@@ -1054,7 +1052,7 @@ batch_deliver(struct store_batch *b, const redisReply *reply)
 		at += n;
 		if (slice[0]->type == REDIS_REPLY_INTEGER && slice[0]->integer == -1)
 			continue;	/* a failed check: -1, its text, zeros */
-		if (slice_ints(slice, n, ints) == -1) {
+		if (!slice_is_ints(slice, n)) {
 			batch_fail(b, STORE_ERROR, "script reply is not integers");
 			return DELIVERED_OUT_OF_STEP;
 		}
@@ -1078,7 +1076,8 @@ batch_deliver(struct store_batch *b, const redisReply *reply)
 			    sizeof(cut)));
 			continue;
 		}
-		(void)slice_ints(slice, res.nints, ints);	/* checked above */
+		for (size_t k = 0; k < res.nints; k++)
+			ints[k] = slice[k]->integer;	/* integers: checked above */
 		if (ints[0] == 1)
 			flags |= DELIVERED_WROTE;
 		b->sb_calls[i]->sc_cb(b->sb_calls[i]->sc_arg, &res);
