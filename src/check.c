@@ -409,16 +409,21 @@ check_on_peer_gone(void *arg)
 static void
 log_redis_errors_held(struct worker *w)
 {
+	/* The server's bytes in it escaped as every untrusted byte in a
+	 * line is (the store has cut the password out); once per line,
+	 * not per failed check. */
+	char last[sizeof(w->w_error_last) * 4];
+
+	log_escape(last, sizeof(last), w->w_error_last, strlen(w->w_error_last));
 	/* Named as the store's lines are: which worker, which Redis. */
 	if (w->w_errors_unlogged > 1)
 		log_warnx("worker %d: redis %s: error on %s (and %llu more Redis "
 		    "error%s since the last line like this)", w->w_id,
-		    w->w_config->redis_address, w->w_error_last,
-		    w->w_errors_unlogged - 1,
+		    w->w_config->redis_address, last, w->w_errors_unlogged - 1,
 		    w->w_errors_unlogged == 2 ? "" : "s");
 	else if (w->w_errors_unlogged == 1)
 		log_warnx("worker %d: redis %s: error on %s", w->w_id,
-		    w->w_config->redis_address, w->w_error_last);
+		    w->w_config->redis_address, last);
 	w->w_error_logged_us = mono_us();
 	w->w_errors_unlogged = 0;
 }
@@ -490,18 +495,12 @@ check_on_reply(void *arg, const struct store_result *res)
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_DISCONNECTED);
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
-	case STORE_ERROR: {
-		/* The server's bytes, escaped as every untrusted byte in a
-		 * line is (the store has cut the password out). */
-		char text[sizeof(w->w_error_last)];
-
+	case STORE_ERROR:
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_ERROR);
 		log_redis_error(w, ck->ck_route->name, "%s", res->error ?
-		    log_escape(text, sizeof(text), res->error,
-		    strlen(res->error)) : "unknown");
+		    res->error : "unknown");
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
-	}
 	case STORE_OK:
 		break;
 	}
