@@ -106,23 +106,21 @@ errno_is_passing(int e)
 }
 
 static void
-verrorf(struct loader *ld, int line, int col, int unsaid, const char *fmt,
-    va_list ap) __attribute__((format(printf, 5, 0)));
-static void
-errorf(struct loader *ld, int line, int col, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void
 errorf_at(struct loader *ld, int line, int col, int unsaid, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
+/* An error at line:col; one `unsaid` is counted but not printed (see
+ * node_error). */
 static void
-verrorf(struct loader *ld, int line, int col, int unsaid, const char *fmt,
-    va_list ap)
+errorf_at(struct loader *ld, int line, int col, int unsaid, const char *fmt, ...)
 {
 	struct config_errors *e = ld->errors;
 	char msg[512];
+	va_list ap;
 
+	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
 	e->lines = xrealloc(e->lines, (e->n + 1) * sizeof(*e->lines));
 	ld->pos = xrealloc(ld->pos, (e->n + 1) * sizeof(*ld->pos));
 	ld->pos[e->n].line = line;
@@ -131,25 +129,7 @@ verrorf(struct loader *ld, int line, int col, int unsaid, const char *fmt,
 	e->lines[e->n++] = xasprintf("%s:%d:%d: %s", ld->path, line, col, msg);
 }
 
-static void
-errorf(struct loader *ld, int line, int col, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	verrorf(ld, line, col, 0, fmt, ap);
-	va_end(ap);
-}
-
-static void
-errorf_at(struct loader *ld, int line, int col, int unsaid, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	verrorf(ld, line, col, unsaid, fmt, ap);
-	va_end(ap);
-}
+#define errorf(ld, line, col, ...) errorf_at((ld), (line), (col), 0, __VA_ARGS__)
 
 static void
 warnf(struct loader *ld, const struct node *nd, const char *fmt, ...)
