@@ -61,12 +61,21 @@ class ReplyProxy(Listener):
         self.replies(server, client)
 
     @staticmethod
-    def requests(src, dst):
+    def received(src):
+        """Each chunk src sends, until it closes (or fails)."""
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     return
+                yield data
+        except OSError:
+            return
+
+    @classmethod
+    def requests(cls, src, dst):
+        try:
+            for data in cls.received(src):
                 dst.sendall(data)
         except OSError:
             pass
@@ -167,24 +176,20 @@ class SilentAfterHandshake(ReplyProxy):
         threading.Thread(target=self.forward, args=(src, dst, silent_after_sha),
                          daemon=True).start()
 
-    @staticmethod
-    def forward(src, dst, silent_after_sha):
+    def forward(self, src, dst, silent_after_sha):
         seen = b""
         try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    dst.close()
-                    return
+            for data in self.received(src):
                 if silent_after_sha:
                     seen += data
                     at = seen.find(b"$40\r\n")
                     if at >= 0 and len(seen) >= at + 47:
                         dst.sendall(data[:len(data) - (len(seen) - (at + 47))])
-                        while src.recv(65536):
+                        for _ in self.received(src):
                             pass            # swallowed
                         return
                 dst.sendall(data)
+            dst.close()
         except OSError:
             pass
 
@@ -206,16 +211,13 @@ class StrayReply(ReplyProxy):
 
     def forward(self, src, dst):
         try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    dst.close()
-                    return
+            for data in self.received(src):
                 with self.lock:
                     if self.kept is not None:
                         self.kept += data
                         continue
                 dst.sendall(data)
+            dst.close()
         except OSError:
             pass
 
