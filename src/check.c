@@ -663,19 +663,32 @@ request_client_ip(const struct config *c, struct http_request *req,
 void
 check_forward(struct worker *w, struct http_request *req, const char *rest)
 {
-	struct check *ck = check_get(w, req, 0);
+	struct check *ck;
 	char path[POLICY_PATH_MAX], qkey[CHECK_QUERY_KEY_MAX], ip[64];
 	struct check_input in;
 	const char *uri, *key = NULL;
 	size_t keylen = 0;
 	int rc = -1;
 
+	in.method = first_present(header_lookup, req, "X-Original-Method",
+	    "X-Forwarded-Method", request_method(req));
+	/* The request line's method is a token already. One from a header
+	 * that is not ("$request_method $uri" in a gateway's config) would
+	 * match no route's methods and so pass unlimited, unseen: as
+	 * /v1/check's "method" field, it is refused, naming the header. */
+	if (!config_token_ok(in.method)) {
+		const char *h = request_header(req, "X-Original-Method");
+
+		http_reply_json_error(req, 400, "header %s is not an HTTP method "
+		    "(a token, such as GET)", h && *h ? "X-Original-Method" :
+		    "X-Forwarded-Method");
+		return;
+	}
+	ck = check_get(w, req, 0);
 	uri = first_present(header_lookup, req, "X-Original-URI", "X-Forwarded-Uri",
 	    rest);
 	policy_normalize_uri(uri, path, sizeof(path), &in.query);
 	in.path = path;
-	in.method = first_present(header_lookup, req, "X-Original-Method",
-	    "X-Forwarded-Method", request_method(req));
 	in.host = first_present(header_lookup, req, "X-Forwarded-Host", "Host", NULL);
 	in.ip = NULL;
 	in.header = header_lookup;
@@ -771,6 +784,16 @@ static int
 json_string_has_nul(const json_t *v)
 {
 	return strlen(json_string_value(v)) != json_string_length(v);
+}
+
+/* A JSON string with a CR or LF: no header field's value holds one. */
+static int
+json_string_breaks_line(const json_t *v)
+{
+	const char *s = json_string_value(v);
+	size_t len = json_string_length(v);
+
+	return memchr(s, '\r', len) != NULL || memchr(s, '\n', len) != NULL;
 }
 
 /* Validates the optional string field `name`; -1 after replying 400. */
@@ -966,7 +989,7 @@ check_json(struct worker *w, struct http_request *req)
 			char esc[128];
 
 			if (config_token_ok(k) && json_is_string(v) &&
-			    !json_string_has_nul(v))
+			    !json_string_has_nul(v) && !json_string_breaks_line(v))
 				continue;
 			log_escape(esc, sizeof(esc), k, strlen(k));
 			if (!config_token_ok(k))	/* as /check's head would be */
@@ -975,9 +998,12 @@ check_json(struct worker *w, struct http_request *req)
 			else if (!json_is_string(v))
 				http_reply_json_error(req, 400, "field \"headers.%s\" "
 				    "must be a string", esc);
-			else	/* no header value can carry one */
+			else if (json_string_has_nul(v))	/* no header value can */
 				http_reply_json_error(req, 400, "field \"headers.%s\" "
 				    "must not contain \\u0000", esc);
+			else	/* nor a line end: /check's head refuses a bare CR */
+				http_reply_json_error(req, 400, "field \"headers.%s\" "
+				    "must not contain a CR or LF (\\r, \\n)", esc);
 			goto out;
 		}
 		if ((k = header_named_twice(headers)) != NULL) {

@@ -95,9 +95,10 @@ policy_host_split(const char *s, struct host_parts *out)
 	/* A proxy that appends to X-Forwarded-Host joins the hosts with
 	 * commas, the client's first (RFC 7239's order): the same field on
 	 * separate lines already counts by its first, and so does a list.
-	 * No host has a comma or a space in it. */
-	while (*s == ' ' || *s == '\t')
-		s++;
+	 * No host has a comma or a space in it; an empty element ahead of
+	 * the first host (", api.example.com") is skipped, as in
+	 * X-Forwarded-For. */
+	s += strspn(s, " \t,");
 	end = s + strcspn(s, ",");
 	while (end > s && (end[-1] == ' ' || end[-1] == '\t'))
 		end--;

@@ -867,6 +867,24 @@ is_chunked(const char *te)
 	return *te == '\0';
 }
 
+/* Can the line begun in buf (empty lines skipped) already not be a request
+ * line? A method is a token ended by a space, so any other byte before
+ * that space is wrong at once. A client speaking TLS or another protocol
+ * to this port (a gateway set up for https) may never send a line end: it
+ * hears 400 now, as nginx answers it, rather than waiting out
+ * idle_timeout. */
+static int
+method_refused_early(const char *buf, size_t len)
+{
+	for (size_t i = 0; i < len; i++) {
+		if (is_tchar((unsigned char)buf[i]))
+			continue;
+		/* A line end is parse_head's to judge, whole. */
+		return buf[i] != '\r' && buf[i] != '\n' && (buf[i] != ' ' || i == 0);
+	}
+	return 0;
+}
+
 /* Parses the head of the next request; 0 ok, 1 incomplete, -1 answered. */
 static int
 conn_parse_head(struct conn *c)
@@ -880,6 +898,10 @@ conn_parse_head(struct conn *c)
 	if (head_len == 0 || head_len > SERVER_HEADERS_MAX) {
 		if (head_len > SERVER_HEADERS_MAX || c->c_in_len > SERVER_HEADERS_MAX) {
 			conn_error(c, 431, "request head larger than 16 KiB");
+			return -1;
+		}
+		if (method_refused_early(c->c_in, c->c_in_len)) {
+			conn_error(c, 400, "malformed method");
 			return -1;
 		}
 		return 1;

@@ -147,6 +147,11 @@ def test_forwarded_host_list_counts_by_its_first(start_daemon):
         assert limit_of(r) == 4, (fwd, r.headers)
     r = check(d, "/check/h/a", "DELETE", {"X-Forwarded-Host": "proxy.internal, api.example.com"})
     assert limit_of(r) == 1000
+    # An empty element ahead of the first host is skipped, as in
+    # X-Forwarded-For, not taken for an empty host.
+    r = check(d, "/check/h/a", "DELETE", {"Host": "other.example.com",
+                                          "X-Forwarded-Host": ", api.example.com"})
+    assert limit_of(r) == 4, r.headers
 
 
 def test_a_get_route_takes_head(start_daemon):
@@ -176,6 +181,22 @@ def test_empty_forwarding_header_counts_as_absent(start_daemon):
     assert status_of(out) == 200 and b"X-RateLimit-Limit: 3\r\n" in out, out
     r = check(d, "/check/h/a", "DELETE", {"Host": "api.example.com", "X-Forwarded-Host": ""})
     assert limit_of(r) == 4
+
+
+@pytest.mark.parametrize("header", ["X-Original-Method", "X-Forwarded-Method"])
+def test_a_method_header_that_is_no_method_is_400(start_daemon, header):
+    """A gateway config that writes "$request_method $uri" into the method
+    header would match no route's methods and pass every request unlimited,
+    unseen. It is refused, naming the header, as /v1/check's "method"."""
+    d = start_daemon(CONV)
+    for bad in ("P OST", "POST,GET", "GET/1"):
+        r = check(d, "/check/n/a", "GET", {header: bad})
+        assert r.status_code == 400, (bad, r.status_code, r.text)
+        assert r.json() == {"error": "header %s is not an HTTP method "
+                            "(a token, such as GET)" % header}, r.text
+        assert "X-RateLimit-Limit" not in r.headers
+    r = check(d, "/check/n/a", "GET", {header: "POST"})
+    assert r.status_code == 200 and limit_of(r) == 3
 
 
 def test_two_host_headers_are_400(start_daemon):

@@ -437,6 +437,40 @@ def test_partial_request_head_times_out(start_daemon):
     assert healthy(d)
 
 
+@pytest.mark.parametrize("first_bytes", [
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"A" * 100,  # TLS ClientHello
+    b" GET /healthz",                                               # line starts with a space
+    b"GE\x00T /healthz",
+    b"GET\t/healthz",
+], ids=["tls-client-hello", "leading-space", "nul", "tab"])
+def test_bytes_no_method_can_start_are_refused_at_once(start_daemon, first_bytes):
+    """A gateway set up to speak TLS to the sidecar sends a handshake with
+    no line end: nginx answers it 400 at once, and so does the daemon,
+    rather than holding it for idle_timeout (60 s by default)."""
+    d = start_daemon(POL)
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+    try:
+        s.sendall(first_bytes)
+        t0 = time.monotonic()
+        out = s.recv(65536)
+        waited = time.monotonic() - t0
+    finally:
+        s.close()
+    assert status_of(out) == 400 and b"malformed method" in out, out[:200]
+    assert waited < 2, waited
+    # A method arriving a byte at a time is not refused before its space.
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=5)
+    try:
+        for ch in b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n":
+            s.sendall(bytes([ch]))
+            time.sleep(0.002)
+        out = s.recv(65536)
+    finally:
+        s.close()
+    assert status_of(out) == 200, out[:200]
+    assert healthy(d)
+
+
 def test_trickled_request_head_gets_idle_timeout_in_all(start_daemon):
     """Slowloris proper: a byte every 100 ms, each well inside
     idle_timeout. The head must be complete within idle_timeout of its

@@ -332,6 +332,10 @@ def test_non_object_is_400(json_daemon, body):
     (b'{"method":"GET","path":"/api/a\\u0000b"}', 'field "path" must not contain \\u0000'),
     (b'{"path":"/api/x","headers":{"X-Api-Key":"a\\u0000b"}}',
      'field "headers.x-api-key" must not contain \\u0000'),
+    (b'{"path":"/api/x","headers":{"X-Api-Key":"a\\r\\nb"}}',
+     'field "headers.x-api-key" must not contain a cr or lf'),
+    (b'{"path":"/api/x","headers":{"X-Api-Key":"a\\nb"}}',
+     'field "headers.x-api-key" must not contain a cr or lf'),
     (b'{"path":"/api/x","headers":{"X-Api\\u0000":"k"}}', "\\u0000 is not allowed in a field name"),
     (b'{"route":"api","key":"k","cost":99999999999999999999}', "number too big"),
 ])
