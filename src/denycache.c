@@ -18,8 +18,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "denycache.h"
+#include "siphash.h"
 #include "xmalloc.h"
 
 #define DENYCACHE_SLOTS 1024	/* power of two; entries are ~700 bytes */
@@ -40,21 +44,22 @@ struct deny_entry {
 };
 
 struct denycache {
+	uint64_t		 dc_key[4];	/* two SipHash keys, secret */
 	struct deny_entry	 slots[DENYCACHE_SLOTS];
 };
 
+/* Two keyed hashes of the encoded client key, which is all an entry keeps
+ * of it. With a fixed hash, a client who knows another's key (an address,
+ * a user id) could search for a key of its own that hashes alike, and
+ * have its cached denials answer the other client; the keys are drawn at
+ * startup, so it cannot know where any key lands. */
 static void
-hash128(const char *s, uint64_t *h1, uint64_t *h2)
+hash128(const struct denycache *dc, const char *s, uint64_t *h1, uint64_t *h2)
 {
-	uint64_t a = 0xcbf29ce484222325ULL, b = 0x9e3779b97f4a7c15ULL;
+	size_t len = strlen(s);
 
-	for (; *s; s++) {
-		a = (a ^ (unsigned char)*s) * 0x100000001b3ULL;
-		b = (b + (unsigned char)*s) * 0xff51afd7ed558ccdULL;
-		b ^= b >> 32;
-	}
-	*h1 = a;
-	*h2 = b ^ (b >> 29);
+	*h1 = siphash24(dc->dc_key, s, len);
+	*h2 = siphash24(dc->dc_key + 2, s, len);
 }
 
 /*
@@ -115,7 +120,19 @@ slot(struct denycache *dc, const struct route *route, uint64_t h1)
 struct denycache *
 denycache_new(void)
 {
-	return xcalloc(1, sizeof(struct denycache));
+	struct denycache *dc = xcalloc(1, sizeof(*dc));
+	struct timespec ts;
+
+	if (getrandom(dc->dc_key, sizeof(dc->dc_key), 0) != sizeof(dc->dc_key)) {
+		/* No kernel entropy call (a seccomp filter that refuses it):
+		 * keys no client can read are still better than none. */
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		dc->dc_key[0] = (uint64_t)ts.tv_nsec ^ (uint64_t)getpid() << 32;
+		dc->dc_key[1] = (uint64_t)(uintptr_t)dc ^ (uint64_t)ts.tv_sec;
+		dc->dc_key[2] = siphash24(dc->dc_key, &ts, sizeof(ts));
+		dc->dc_key[3] = siphash24(dc->dc_key, dc, sizeof(dc->dc_key));
+	}
+	return dc;
 }
 
 void
@@ -161,7 +178,7 @@ denycache_put(struct denycache *dc, const struct config *config,
 		until_us = now_us + DENYCACHE_MAX_US;
 	if (until_us <= now_us)
 		return;
-	hash128(client, &h1, &h2);
+	hash128(dc, client, &h1, &h2);
 	e = slot(dc, route, h1);
 	e->h1 = h1;
 	e->h2 = h2;
@@ -184,7 +201,7 @@ denycache_get(struct denycache *dc, const struct config *config,
 	long long aged_ms;
 	uint64_t h1, h2;
 
-	hash128(client, &h1, &h2);
+	hash128(dc, client, &h1, &h2);
 	e = slot(dc, route, h1);
 	if (e->until_us <= now_us || e->h1 != h1 || e->h2 != h2 ||
 	    e->generation != config->generation || e->route != route ||

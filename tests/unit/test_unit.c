@@ -23,6 +23,7 @@
 #include "limiter.h"
 #include "policy.h"
 #include "sha256.h"
+#include "siphash.h"
 
 static int failures;
 
@@ -737,6 +738,22 @@ test_encode_and_build(void)
 	CHECK(d[0] == 0xba && d[1] == 0x78 && d[31] == 0xad);
 	sha256("", 0, d);
 	CHECK(d[0] == 0xe3 && d[31] == 0x55);
+	{
+		/* The reference vectors: key 00..0f, messages 00..n-1. */
+		static const struct { size_t len; uint64_t h; } sip[] = {
+			{ 0, 0x726fdb47dd0e0e31ULL }, { 1, 0x74f839c593dc67fdULL },
+			{ 7, 0xab0200f58b01d137ULL }, { 8, 0x93f5f5799a932462ULL },
+			{ 15, 0xa129ca6149be45e5ULL }, { 16, 0x3f2acc7f57c29bdbULL },
+			{ 63, 0x958a324ceb064572ULL },
+		};
+		const uint64_t key[2] = { 0x0706050403020100ULL, 0x0f0e0d0c0b0a0908ULL };
+		unsigned char msg[64];
+
+		for (size_t i = 0; i < sizeof(msg); i++)
+			msg[i] = (unsigned char)i;
+		for (size_t i = 0; i < sizeof(sip) / sizeof(sip[0]); i++)
+			CHECK(siphash24(key, msg, sip[i].len) == sip[i].h);
+	}
 
 	limiter_reset(&cmd);
 	limiter_add(&cmd, "rl:", "api", "k1", &set, 3);
