@@ -412,19 +412,27 @@ log_redis_errors_held(struct worker *w)
 	/* The server's bytes in it escaped as every untrusted byte in a
 	 * line is (the store has cut the password out); once per line,
 	 * not per failed check. */
-	char last[sizeof(w->w_error_last) * 4];
+	char last[sizeof(w->w_error_last) * 4], ago[48] = "";
+	long long now = mono_us(), ago_ms = (now - w->w_error_last_us) / 1000;
 
 	log_escape(last, sizeof(last), w->w_error_last, strlen(w->w_error_last));
-	/* Named as the store's lines are: which worker, which Redis. */
+	/* Told by the timer a second on, the latest error is not news: say
+	 * when it happened, or it reads as one after whatever the link did
+	 * since (a READONLY after the line saying the link was dropped). */
+	if (ago_ms >= 100)
+		snprintf(ago, sizeof(ago), " %lld ms ago", ago_ms);
+	/* Named as the store's lines are: which worker, which Redis. The
+	 * others held back may be of any route and kind: the line names the
+	 * latest, the metrics tell them apart. */
 	if (w->w_errors_unlogged > 1)
-		log_warnx("worker %d: redis %s: error on %s (and %llu more Redis "
-		    "error%s since the last line like this)", w->w_id,
-		    w->w_config->redis_address, last, w->w_errors_unlogged - 1,
-		    w->w_errors_unlogged == 2 ? "" : "s");
+		log_warnx("worker %d: redis %s: error%s on %s (and %llu more Redis "
+		    "error%s, of any route or kind, since the last such line)",
+		    w->w_id, w->w_config->redis_address, ago, last,
+		    w->w_errors_unlogged - 1, w->w_errors_unlogged == 2 ? "" : "s");
 	else if (w->w_errors_unlogged == 1)
-		log_warnx("worker %d: redis %s: error on %s", w->w_id,
-		    w->w_config->redis_address, last);
-	w->w_error_logged_us = mono_us();
+		log_warnx("worker %d: redis %s: error%s on %s", w->w_id,
+		    w->w_config->redis_address, ago, last);
+	w->w_error_logged_us = now;
 	w->w_errors_unlogged = 0;
 }
 
@@ -451,6 +459,7 @@ log_redis_error(struct worker *w, const char *route, const char *fmt, ...)
 		va_end(ap);
 	}
 	w->w_errors_unlogged++;
+	w->w_error_last_us = now;
 	if (w->w_error_logged_us != 0 && now - w->w_error_logged_us < 1000000) {
 		struct timeval tv = tv_us(w->w_error_logged_us + 1000000 - now);
 

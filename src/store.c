@@ -170,6 +170,7 @@ struct store {
 
 	int			 st_max_batch;	/* redis.max_batch */
 	int			 st_cluster;	/* a Cluster node: one check a call */
+	int			 st_logged_evicting; /* see warn_if_evicting */
 	TAILQ_HEAD(, store_call) st_queue;	/* not yet sent */
 	struct event		*st_flush_ev;
 	struct store_batch	*st_free_batches;
@@ -545,6 +546,41 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
 	}
 }
 
+/*
+ * A Redis that evicts keys under maxmemory (any policy but noeviction:
+ * every key of ours has a TTL, so volatile-* policies take them too)
+ * drops a limit's count without a word, and its client starts again with
+ * its whole quota: said once while it lasts, with the fix. noeviction
+ * instead refuses the script's writes with OOM, which fails checks by
+ * their failure mode and is counted and logged.
+ */
+static void
+warn_if_evicting(struct store *st, const char *info)
+{
+	const char *mm = strstr(info, "\nmaxmemory:");
+	const char *pol = strstr(info, "\nmaxmemory_policy:");
+	long long maxmemory;
+	size_t len;
+
+	if (mm == NULL || pol == NULL)
+		return;
+	maxmemory = strtoll(mm + strlen("\nmaxmemory:"), NULL, 10);
+	pol += strlen("\nmaxmemory_policy:");
+	len = strcspn(pol, "\r\n");
+	if (maxmemory <= 0 || (len == 10 && strncmp(pol, "noeviction", 10) == 0)) {
+		st->st_logged_evicting = 0;
+		return;
+	}
+	if (st->st_logged_evicting)
+		return;
+	st->st_logged_evicting = 1;
+	log_warnx("%s: this Redis evicts keys when full (maxmemory-policy %.*s, "
+	    "maxmemory %lld bytes): a count it evicts starts afresh, and its "
+	    "client gets its whole quota back; set maxmemory-policy noeviction, "
+	    "or give the limits a Redis of their own", st->st_who,
+	    (int)(len < 32 ? len : 32), pol, maxmemory);
+}
+
 /* INFO's default sections: what the server is.
  *
  * A replica cannot be our Redis: a read-only one refuses the script's
@@ -582,20 +618,21 @@ on_info(redisAsyncContext *ac, void *r, void *privdata)
 	}
 	info = reply->type == REDIS_REPLY_STRING ? reply->str : "";
 	if (strstr(info, "\nredis_mode:sentinel") != NULL) {
-		handshake_refused(st, "INFO", "this is a Sentinel, not the Redis "
-		    "server: set redis.address to the primary it names "
-		    "(SENTINEL get-master-addr-by-name)");
+		handshake_refused(st, "INFO role check", "this is a Sentinel, "
+		    "not the Redis server: set redis.address to the primary it "
+		    "names (SENTINEL get-master-addr-by-name)");
 		return;
 	}
 	if (strstr(info, "\nrole:slave") != NULL) {
-		handshake_refused(st, "INFO", "this is a replica (role:slave), "
-		    "which cannot keep the limits' counts: set redis.address to "
-		    "the primary");
+		handshake_refused(st, "INFO role check", "this is a replica "
+		    "(role:slave), which cannot keep the limits' counts: set "
+		    "redis.address to the primary");
 		return;
 	}
 	/* A primary, by its own word: the probe's answer is recovery. */
 	if (reply->type == REDIS_REPLY_STRING)
 		st->st_readonly = 0;
+	warn_if_evicting(st, info);
 	st->st_cluster = strstr(info, "\ncluster_enabled:1") != NULL;
 	if (st->st_cluster && st->st_max_batch > 1)
 		log_info("%s: a Cluster node; one check per script call",

@@ -59,6 +59,7 @@ struct worker {
 
 	long long		 w_error_logged_us; /* see log_redis_error */
 	unsigned long long	 w_errors_unlogged;
+	long long		 w_error_last_us; /* when w_error_last happened */
 	struct event		*w_error_flush_ev;  /* made on first use */
 	char			 w_error_last[256]; /* "route R: error" */
 };

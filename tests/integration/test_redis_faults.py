@@ -1056,7 +1056,8 @@ def test_redis_error_replies_logged_once_a_second(start_daemon, redis_server):
                 r = s.get(d.url("/check/x"), headers={"X-Forwarded-For": "203.0.113.%d" % (i % 250)},
                           timeout=5)
                 assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "-1"
-            lines = [l for l in d.log().splitlines() if ": error on route" in l]
+            lines = [l for l in d.log().splitlines()
+                     if re.search(r": error( \d+ ms ago)? on route", l)]
             assert 1 <= len(lines) <= 2, lines
             assert "OOM" in lines[0]
             assert "worker 0: redis 127.0.0.1:%d: error on route r: OOM" % (
@@ -1064,8 +1065,10 @@ def test_redis_error_replies_logged_once_a_second(start_daemon, redis_server):
         # The burst is over: within a second the errors held back are told,
         # with no further check to carry them; the lines account for all.
         time.sleep(1.2)
-        lines = [l for l in d.log().splitlines() if ": error on route" in l]
-        assert re.search(r"more Redis errors? since the last line like this", lines[-1]), lines
+        lines = [l for l in d.log().splitlines()
+                     if re.search(r": error( \d+ ms ago)? on route", l)]
+        assert re.search(r"more Redis errors?, of any route or kind, since the last such line",
+                         lines[-1]), lines
         told = sum(1 + int(m.group(1)) if m else 1 for m in
                    (re.search(r"\(and (\d+) more Redis errors?", l) for l in lines))
         assert told == 200, lines
@@ -1074,6 +1077,38 @@ def test_redis_error_replies_logged_once_a_second(start_daemon, redis_server):
     finally:
         rc.config_set("maxmemory", "0")
     assert wait_until(lambda: limited_again(d), timeout=3), d.log()
+
+
+@pytest.mark.parametrize("policy_, maxmemory, warned", [
+    ("allkeys-lru", "100mb", True), ("volatile-ttl", "100mb", True),
+    ("allkeys-lru", "0", False), ("noeviction", "100mb", False)])
+def test_a_redis_that_evicts_is_named_at_connect(start_daemon, redis_server,
+                                                 policy_, maxmemory, warned):
+    """An evicting maxmemory-policy drops a limit's count without a word
+    and its client gets its whole quota back (an audit: no log line, no
+    metric). Every key has a TTL, so volatile-* evicts them too. The daemon
+    reads the policy from the INFO of its handshake and says so, once."""
+    rc = redis_server.client()
+    rc.config_set("maxmemory-policy", policy_)
+    rc.config_set("maxmemory", maxmemory)
+    try:
+        d = start_daemon(SIMPLE)
+        assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+        lines = [l for l in d.log().splitlines() if "evicts keys" in l]
+        if warned:
+            assert len(lines) == 1, d.log()
+            assert ("this Redis evicts keys when full (maxmemory-policy %s, "
+                    "maxmemory 104857600 bytes)" % policy_) in lines[0], lines
+            assert "set maxmemory-policy noeviction" in lines[0], lines
+            # Said once while it lasts, not at every reconnect.
+            rc.client_kill_filter(_type="normal", skipme=True)
+            assert wait_until(lambda: d.log().count("connected") >= 2, timeout=5), d.log()
+            assert d.log().count("evicts keys") == 1, d.log()
+        else:
+            assert lines == [], lines
+    finally:
+        rc.config_set("maxmemory", "0")
+        rc.config_set("maxmemory-policy", "noeviction")
 
 
 def test_redis_error_reply_fails_closed(start_daemon, redis_server):
@@ -1331,7 +1366,7 @@ def test_a_replica_is_refused_and_a_failover_followed(start_daemon, redis_server
         replica.client().replicaof("127.0.0.1", redis_server.port)
         d = start_daemon(SIMPLE, redis_port=replica.port, wait_ready=False)
         assert wait_until(lambda: "role:slave" in d.log(), timeout=5), d.log()
-        assert "INFO failed: this is a replica (role:slave), which cannot keep the " \
+        assert "INFO role check failed: this is a replica (role:slave), which cannot keep the " \
             "limits' counts: set redis.address to the primary" in d.log(), d.log()
         assert not ready(d)
         assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "-1"
@@ -1361,7 +1396,7 @@ def test_a_sentinel_is_refused_with_the_fix(start_daemon, tmp_path):
         assert wait_until(lambda: redis.Redis(port=port, socket_timeout=1).ping(), timeout=5)
         d = start_daemon(SIMPLE, redis_port=port, wait_ready=False)
         assert wait_until(lambda: "Sentinel" in d.log(), timeout=5), d.log()
-        assert "INFO failed: this is a Sentinel, not the Redis server: set " \
+        assert "INFO role check failed: this is a Sentinel, not the Redis server: set " \
             "redis.address to the primary it names (SENTINEL get-master-addr-by-name)" \
             in d.log(), d.log()
         assert not ready(d)
@@ -1489,10 +1524,12 @@ def test_a_stall_shorter_than_the_watchdog_is_logged(start_daemon, redis_server,
     lines = [l for l in d.log().splitlines() if "redis.timeout (50 ms)" in l]
     assert len(lines) == 2, d.log()     # the first at once, the rest a second later
     assert lines[0].endswith("error on route r: no reply within redis.timeout (50 ms)"), lines
+    # the second, a second later, says its latest error is not news
+    assert re.search(r": error \d+ ms ago on route r: ", lines[1]), lines
     # behind the first, the others were not sent (the log names the last)
-    assert lines[1].endswith("error on route r: not sent: a call has waited "
-                             "redis.timeout (50 ms) for its reply (and %s since the "
-                             "last line like this)" % more), lines
+    assert lines[1].endswith("on route r: not sent: a call has waited "
+                             "redis.timeout (50 ms) for its reply (and %s, of any "
+                             "route or kind, since the last such line)" % more), lines
 
 
 def test_an_idle_link_is_kept_alive(start_daemon, redis_server):
