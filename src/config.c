@@ -36,6 +36,13 @@
 #define QUOTA_MAX	1000000000000LL
 #define REGEX_MAX_LEN	4096
 #define REGEX_COPIES_MAX	1000	/* see regex_refused */
+/* glibc compiles an interval's optional copies ({m,n}: n - m of them) in
+ * memory that grows with their square times the atom's size, about 8
+ * bytes a unit: "[a-z]{1,1000}" is 8 MB and 40 ms. A file's regexes
+ * together may take this many units (64 MB): 1000 routes of
+ * "^/[a-z]{1,64}/" fit, and 50 of "[a-z]{1,1000}" (400 MB) do not. */
+#define REGEX_UNITS_MAX		8000000LL
+#define REGEX_BYTES_PER_UNIT	8
 /* See restore_flow_colons. */
 #define FLOW_COLON		"\xee\x80\x80"
 #define FLOW_COLON_LEN		3
@@ -59,7 +66,7 @@ struct node {
 	char		 *value;	/* scalars */
 	int		  plain;	/* unquoted scalar: may be null/bool/int */
 	struct node	**items;
-	size_t		  nitems;
+	size_t		  nitems, items_cap;
 	/* Refused as it was read (an alias, a NUL), and said so there: a
 	 * stand-in, so the rest of the file is checked, that no other
 	 * message is about. */
@@ -88,6 +95,7 @@ struct loader {
 	/* The route being read says shadow: true (wherever in it): it holds
 	 * no reply, so its limits are not warned about long holds. */
 	int			  in_shadow_route;
+	long long		  regex_units;	/* see REGEX_UNITS_MAX */
 };
 
 static unsigned long config_generation;
@@ -280,8 +288,13 @@ node_new(enum node_type type, const yaml_mark_t *mark)
 static void
 node_append(struct node *parent, struct node *child)
 {
-	parent->items = xrealloc(parent->items,
-	    (parent->nitems + 1) * sizeof(*parent->items));
+	/* Doubling: a list of a million override keys is read in linear
+	 * time by allocators that move a block on each realloc (ASan's). */
+	if (parent->nitems == parent->items_cap) {
+		parent->items_cap = parent->items_cap ? parent->items_cap * 2 : 4;
+		parent->items = xrealloc(parent->items,
+		    parent->items_cap * sizeof(*parent->items));
+	}
 	parent->items[parent->nitems++] = child;
 }
 
@@ -2292,7 +2305,7 @@ bracket_end(const char *p, char *why, size_t size, int *refused)
  * "{,n}" at p makes glibc write out (0 for none), with *end past it; -1
  * when p starts no interval (the brace is a literal, or regcomp's error). */
 static long long
-interval_copies(const char *p, const char **end)
+interval_copies(const char *p, const char **end, long long *optional)
 {
 	long long m = 0, n = -1;
 	const char *q = p + 1;
@@ -2313,6 +2326,7 @@ interval_copies(const char *p, const char **end)
 	if (*q != '}')
 		return -1;
 	*end = q;
+	*optional = n > m ? n - m : 0;
 	return n >= 0 ? (n > m ? n : m) : m + 1;	/* "{m,}": m, then a star */
 }
 
@@ -2336,7 +2350,8 @@ interval_copies(const char *p, const char **end)
  * '^' (then glibc tries the path from its start alone).
  */
 static int
-regex_refused(const char *re, char *why, size_t size, int *anchored)
+regex_refused(const char *re, char *why, size_t size, int *anchored,
+    long long *units)
 {
 	/* per open group: its copies so far, and those of its last atom */
 	struct { long long total, last; } *frames;
@@ -2344,9 +2359,10 @@ regex_refused(const char *re, char *why, size_t size, int *anchored)
 	long long written = 0;	/* atoms as the pattern writes them */
 	int refused = 0, too_many = 0, top_alternation = 0;
 
+	*units = 0;
 	frames = xcalloc(strlen(re) + 2, sizeof(*frames));
 	for (const char *p = re; *p && !refused; p++) {
-		long long copies;
+		long long copies, optional;
 		const char *end;
 
 		if (*p == '[') {
@@ -2399,7 +2415,10 @@ regex_refused(const char *re, char *why, size_t size, int *anchored)
 			continue;
 		} else if (*p == '*' || *p == '+' || *p == '?') {
 			continue;	/* a loop over the atom: no copies */
-		} else if (*p == '{' && (copies = interval_copies(p, &end)) >= 0) {
+		} else if (*p == '{' && (copies = interval_copies(p, &end,
+		    &optional)) >= 0) {
+			/* each optional copy leads to all those after it */
+			*units += frames[depth].last * optional * optional;
 			/* the atom is written out copies times, not once */
 			frames[depth].total += frames[depth].last * (copies - 1);
 			frames[depth].last *= copies;
@@ -2431,6 +2450,7 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
     struct route_draft *d, enum path_match kind)
 {
 	char why[256];
+	long long units;
 	int anchored;
 
 	if (++d->path_fields > 1) {
@@ -2466,11 +2486,25 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
 		return -1;
 	}
 	if (kind == PATH_REGEX && regex_refused(d->r.path, why, sizeof(why),
-	    &anchored)) {
+	    &anchored, &units)) {
 		node_error(ld, nd, "regex: \"%s\": %s", echo(ld, d->r.path), why);
 		d->r.path_kind = PATH_ANY;
 		return -1;
 	}
+	if (kind == PATH_REGEX && ld->regex_units + units > REGEX_UNITS_MAX) {
+		/* Each regex alone may be fine: a thousand routes of them
+		 * took 8 GB and 40 s to load (an audit). */
+		node_error(ld, nd, "regex: \"%s\": with the regexes above it, its "
+		    "repeat counts would take about %lld MB to compile, and at "
+		    "most %lld MB are allowed (a {m,n} costs about the square of "
+		    "n-m): use + or * where any count will do", echo(ld,
+		    d->r.path), (ld->regex_units + units) * REGEX_BYTES_PER_UNIT /
+		    1000000, REGEX_UNITS_MAX * REGEX_BYTES_PER_UNIT / 1000000);
+		d->r.path_kind = PATH_ANY;
+		return -1;
+	}
+	if (kind == PATH_REGEX)
+		ld->regex_units += units;
 	if (kind == PATH_REGEX) {
 		int rc = regcomp(&d->r.regex, d->r.path, REG_EXTENDED | REG_NOSUB);
 
@@ -3115,6 +3149,8 @@ route_free(struct route *r)
 	for (size_t i = 0; i < r->noverrides; i++)
 		override_free(&r->overrides[i]);
 	free(r->overrides);
+	free(r->by_ip);
+	free(r->by_value);
 }
 
 /* Does every request that route b matches also match route a? Routes

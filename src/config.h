@@ -67,6 +67,16 @@ struct override {
 	struct limit_set  set;
 };
 
+/* A route's override keys as a client key is compared with them, sorted
+ * (policy_prepare) so that a check finds its client's override in
+ * log n: a route may list a million keys. */
+struct override_index {
+	const char		*key;	/* the form compared (see policy.c) */
+	size_t			 len;
+	const struct override	*override;
+	size_t			 order;	/* place in the file: the first wins */
+};
+
 struct key_source {
 	enum key_source_type	 type;
 	char			*name;	/* header, query or cookie name */
@@ -100,6 +110,10 @@ struct route {
 	struct limit_set	 limits;
 	struct override		*overrides;
 	size_t			 noverrides;
+	/* The override keys a client key from its address is compared
+	 * with, and those a value's is (policy_limits). */
+	struct override_index	*by_ip, *by_value;
+	size_t			 nby_ip, nby_value;
 	int			 mixes_ip;	/* see policy_route_mixes_ip */
 };
 

@@ -312,6 +312,71 @@ policy_route_mixes_ip(const struct route *route)
 	return route->mixes_ip;
 }
 
+/*
+ * On a route keyed by IP and by a value the client sends, an override key
+ * that is an address is for the client with that address (compared in
+ * canonical form), any other for a client sending that value: else anyone
+ * could send "X-Api-Key: 10.9.9.9" and take the exemption of host
+ * 10.9.9.9. On a route keyed by IP alone, an address is compared in
+ * canonical form too; elsewhere an override key is matched as written.
+ * So each override key has one form a client's address is compared with
+ * (or none) and one a value is (or none); these fill the route's two
+ * indexes.
+ */
+static const char *
+override_form(const struct route *route, const struct override *o, size_t j,
+    int from_ip)
+{
+	const char *canon = o->canon_ip ? o->canon_ip[j] : NULL;
+
+	if (route->mixes_ip) {
+		if ((canon != NULL) != from_ip)
+			return NULL;
+		return canon ? canon : o->keys[j];
+	}
+	return from_ip && canon ? canon : o->keys[j];
+}
+
+static int
+override_index_cmp(const void *a, const void *b)
+{
+	const struct override_index *x = a, *y = b;
+	int c;
+
+	if (x->len != y->len)
+		return x->len < y->len ? -1 : 1;
+	if ((c = memcmp(x->key, y->key, x->len)) != 0)
+		return c;
+	return x->order < y->order ? -1 : x->order > y->order;
+}
+
+static void
+override_index_build(const struct route *route, int from_ip,
+    struct override_index **out, size_t *n)
+{
+	size_t total = 0, order = 0;
+
+	for (size_t i = 0; i < route->noverrides; i++)
+		total += route->overrides[i].nkeys;
+	*out = xcalloc(total ? total : 1, sizeof(**out));
+	*n = 0;
+	for (size_t i = 0; i < route->noverrides; i++) {
+		const struct override *o = &route->overrides[i];
+
+		for (size_t j = 0; j < o->nkeys; j++, order++) {
+			const char *form = override_form(route, o, j, from_ip);
+
+			if (form == NULL)
+				continue;
+			(*out)[*n].key = form;
+			(*out)[*n].len = strlen(form);
+			(*out)[*n].override = o;
+			(*out)[(*n)++].order = order;
+		}
+	}
+	qsort(*out, *n, sizeof(**out), override_index_cmp);
+}
+
 void
 policy_prepare(struct config *config)
 {
@@ -342,6 +407,10 @@ policy_prepare(struct config *config)
 				    canon, sizeof(canon)) == 0)
 					o->canon_ip[k] = xstrdup(canon);
 		}
+		free(r->by_ip);
+		free(r->by_value);
+		override_index_build(r, 1, &r->by_ip, &r->nby_ip);
+		override_index_build(r, 0, &r->by_value, &r->nby_value);
 	}
 }
 
@@ -406,41 +475,30 @@ policy_client_key(const struct route *route, const struct check_input *in,
 	return POLICY_KEY_NONE;
 }
 
-/*
- * On a route keyed by IP and by a value the client sends, an override key
- * that is an address is for the client with that address (compared in
- * canonical form), any other for a client sending that value: else anyone
- * could send "X-Api-Key: 10.9.9.9" and take the exemption of host
- * 10.9.9.9. On a route keyed by IP alone, an address is compared in
- * canonical form too; elsewhere an override key is matched as written.
- */
-static int
-override_key_matches(const struct route *route, const struct override *o,
-    size_t j, const char *key, size_t keylen, int from_ip)
-{
-	const char *okey = o->keys[j];
-
-	if (route->mixes_ip) {
-		if ((o->canon_ip[j] != NULL) != from_ip)
-			return 0;
-		if (o->canon_ip[j])
-			okey = o->canon_ip[j];
-	} else if (from_ip && o->canon_ip && o->canon_ip[j])
-		okey = o->canon_ip[j];
-	return strlen(okey) == keylen && memcmp(okey, key, keylen) == 0;
-}
-
 const struct limit_set *
 policy_limits(const struct route *route, const char *key, size_t keylen,
     int from_ip)
 {
-	for (size_t i = 0; i < route->noverrides; i++) {
-		const struct override *o = &route->overrides[i];
+	const struct override_index *idx = from_ip ? route->by_ip : route->by_value;
+	size_t lo = 0, hi = from_ip ? route->nby_ip : route->nby_value;
 
-		for (size_t j = 0; j < o->nkeys; j++)
-			if (override_key_matches(route, o, j, key, keylen, from_ip))
-				return &o->set;
+	/* The first entry of this key (sorted by place after the key): the
+	 * loader refuses a key listed twice, but the file's order decides
+	 * whatever it lets through. */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		const struct override_index *e = &idx[mid];
+		int c = e->len != keylen ? (e->len < keylen ? -1 : 1) :
+		    memcmp(e->key, key, keylen);
+
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
 	}
+	if (idx && lo < (from_ip ? route->nby_ip : route->nby_value) &&
+	    idx[lo].len == keylen && memcmp(idx[lo].key, key, keylen) == 0)
+		return &idx[lo].override->set;
 	return &route->limits;
 }
 

@@ -189,6 +189,33 @@ def test_good_regexes(tmp_path):
         assert p.returncode == 0, (rx, p.stderr.decode())
 
 
+def _regex_routes(n, regex):
+    return ("routes:\n" + "".join(
+        "  - name: r%d\n    match: { regex: '%s' }\n    key: ip\n"
+        "    limits: [ { algorithm: gcra, rate: 1/s, burst: 1 } ]\n" % (i, regex % i)
+        for i in range(n)))
+
+
+def test_regexes_are_bounded_by_what_they_take_to_compile_together(tmp_path):
+    """Each "[a-z]{1,1000}" alone is allowed, but glibc compiles it in 8 MB
+    (its optional copies cost their square): a thousand routes of them took
+    8 GB and 40 s to load (an audit). The file's regexes share a budget,
+    and the first over it is named where it is written."""
+    path = tmp_path / "many.yaml"
+    path.write_text(_regex_routes(12, "^/[a-z]{1,1000}x%d"))
+    p = validate(str(path))
+    err = p.stderr.decode()
+    assert p.returncode == 1, err
+    lines = [l for l in err.splitlines() if "MB to compile" in l]
+    # eight fit in 64 MB; the ninth (line 35, column 21) and later do not
+    assert len(lines) == 4 and lines[0].startswith("%s:35:21: regex: " % path), err
+    assert "at most 64 MB" in lines[0] and "use + or *" in lines[0], lines[0]
+    # a thousand routes of a plausible bounded pattern stay within it
+    path.write_text(_regex_routes(1000, "^/[a-z0-9-]{1,64}/item%d$"))
+    p = validate(str(path), timeout=60)
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+
+
 def test_good_listen_unix(tmp_path):
     path = write(tmp_path, variant({2: "  listen: unix:/tmp/ratelimitd-test.sock"}))
     p = validate(path)

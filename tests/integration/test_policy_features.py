@@ -46,6 +46,27 @@ def test_override_limits_replace_the_routes(ops_daemon):
     assert r.status_code == 200 and r.headers["X-RateLimit-Limit"] == "2"
 
 
+def test_a_route_with_many_override_keys_finds_each(ops_daemon):
+    """Overrides are looked up in a sorted index, not by walking every key
+    on every check (an audit: 1.45 million keys cost 8 ms a check). The
+    index must still give each key its own override (a key may be listed
+    once) and everyone else the route's limits."""
+    n = 60000
+    groups = [("a", 3, range(0, n // 2)), ("b", 5, range(n // 2, n))]
+    overrides = "".join(
+        "      - keys: [%s]\n        limits: [%s]\n" % (
+            ", ".join("c%06d" % i for i in keys), fw(limit, name="o" + name))
+        for name, limit, keys in groups)
+    d = ops_daemon(policy(route("api", "/api/", fw(2), key="header:X-Api-Key",
+                                extra="    overrides:\n" + overrides)))
+    for key, limit in (("c000000", "3"), ("c029999", "3"), ("c030000", "5"),
+                       ("c045123", "5"), ("c059999", "5"), ("c060000", "2"),
+                       ("c000007", "3"), ("c00000", "2"), ("C000000", "2"),
+                       ("c0000000", "2")):
+        r = check(d, "/check/api/x", headers={"X-Api-Key": key})
+        assert r.status_code == 200 and r.headers["X-RateLimit-Limit"] == limit, (key, r.headers)
+
+
 def test_unlimited_override_passes_without_headers(ops_daemon):
     d = ops_daemon(OVERRIDES)
     for _ in range(10):
