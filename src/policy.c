@@ -407,10 +407,16 @@ policy_prepare(struct config *config)
 				    canon, sizeof(canon)) == 0)
 					o->canon_ip[k] = xstrdup(canon);
 		}
+		/* Only the index a client key of this route can look in: a
+		 * million keys take 32 MB an index. */
 		free(r->by_ip);
 		free(r->by_value);
-		override_index_build(r, 1, &r->by_ip, &r->nby_ip);
-		override_index_build(r, 0, &r->by_value, &r->nby_value);
+		r->by_ip = r->by_value = NULL;
+		r->nby_ip = r->nby_value = 0;
+		if (ip)
+			override_index_build(r, 1, &r->by_ip, &r->nby_ip);
+		if (!policy_route_keys_by_ip_alone(r))
+			override_index_build(r, 0, &r->by_value, &r->nby_value);
 	}
 }
 
