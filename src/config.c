@@ -2353,13 +2353,14 @@ static int
 regex_refused(const char *re, char *why, size_t size, int *anchored,
     long long *units)
 {
-	/* per open group: its copies so far, and those of its last atom */
-	struct { long long total, last; } *frames;
+	/* per open group: its copies so far, and those of its last atom;
+	 * and the units (REGEX_UNITS_MAX) of each: a group repeated is
+	 * written out whole, what its own intervals cost included */
+	struct { long long total, last, units, last_units; } *frames;
 	size_t depth = 0;
 	long long written = 0;	/* atoms as the pattern writes them */
 	int refused = 0, too_many = 0, top_alternation = 0;
 
-	*units = 0;
 	frames = xcalloc(strlen(re) + 2, sizeof(*frames));
 	for (const char *p = re; *p && !refused; p++) {
 		long long copies, optional;
@@ -2395,8 +2396,7 @@ regex_refused(const char *re, char *why, size_t size, int *anchored,
 			refused = 1;
 			break;
 		} else if (*p == '(') {
-			frames[++depth].total = 0;
-			frames[depth].last = 0;
+			memset(&frames[++depth], 0, sizeof(*frames));
 			continue;
 		} else if (*p == ')') {
 			if (depth == 0) {
@@ -2405,20 +2405,35 @@ regex_refused(const char *re, char *why, size_t size, int *anchored,
 				refused = 1;
 				break;
 			}
-			copies = frames[depth--].total;
+			copies = frames[depth].total;
+			optional = frames[depth--].units;
 			frames[depth].last = copies;
 			frames[depth].total += copies;
+			frames[depth].last_units = optional;
+			frames[depth].units += optional;
 			continue;
 		} else if (*p == '|') {
 			top_alternation |= depth == 0;
 			frames[depth].last = 0;
+			frames[depth].last_units = 0;
 			continue;
 		} else if (*p == '*' || *p == '+' || *p == '?') {
 			continue;	/* a loop over the atom: no copies */
 		} else if (*p == '{' && (copies = interval_copies(p, &end,
 		    &optional)) >= 0) {
-			/* each optional copy leads to all those after it */
-			*units += frames[depth].last * optional * optional;
+			long long was = frames[depth].last_units;
+
+			/* The atom written out copies times, what it costs
+			 * too, and each optional copy leads to all those after
+			 * it. Past the budget is past it: capped, so nested
+			 * counts cannot overflow. */
+			frames[depth].last_units = was * copies +
+			    frames[depth].last * optional * optional;
+			if (frames[depth].last_units > REGEX_UNITS_MAX + 1)
+				frames[depth].last_units = REGEX_UNITS_MAX + 1;
+			frames[depth].units += frames[depth].last_units - was;
+			if (frames[depth].units > REGEX_UNITS_MAX + 1)
+				frames[depth].units = REGEX_UNITS_MAX + 1;
 			/* the atom is written out copies times, not once */
 			frames[depth].total += frames[depth].last * (copies - 1);
 			frames[depth].last *= copies;
@@ -2429,9 +2444,11 @@ regex_refused(const char *re, char *why, size_t size, int *anchored,
 			continue;
 		}
 		frames[depth].last = 1;
+		frames[depth].last_units = 0;
 		frames[depth].total++;
 		written++;
 	}
+	*units = frames[0].units;
 	if (!refused && depth == 0 && frames[0].total - written > REGEX_COPIES_MAX)
 		refused = too_many = 1;	/* groups under it, together over it */
 	if (too_many)
@@ -2498,8 +2515,8 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
 		    "repeat counts would take about %lld MB to compile, and at "
 		    "most %lld MB are allowed (a {m,n} costs about the square of "
 		    "n-m): use + or * where any count will do", echo(ld,
-		    d->r.path), (ld->regex_units + units) * REGEX_BYTES_PER_UNIT /
-		    1000000, REGEX_UNITS_MAX * REGEX_BYTES_PER_UNIT / 1000000);
+		    d->r.path), ((ld->regex_units + units) * REGEX_BYTES_PER_UNIT +
+		    999999) / 1000000, REGEX_UNITS_MAX * REGEX_BYTES_PER_UNIT / 1000000);
 		d->r.path_kind = PATH_ANY;
 		return -1;
 	}

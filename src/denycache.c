@@ -135,6 +135,15 @@ denycache_new(void)
 	return dc;
 }
 
+struct denycache *
+denycache_new_keyed(const uint64_t key[4])
+{
+	struct denycache *dc = xcalloc(1, sizeof(*dc));
+
+	memcpy(dc->dc_key, key, sizeof(dc->dc_key));
+	return dc;
+}
+
 void
 denycache_free(struct denycache *dc)
 {

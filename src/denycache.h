@@ -8,12 +8,16 @@
 #ifndef DENYCACHE_H
 #define DENYCACHE_H
 
+#include <stdint.h>
+
 #include "config.h"
 #include "limiter.h"
 
 struct denycache;
 
 struct denycache *denycache_new(void);
+/* With the hash keys given, not drawn: a fuzzer's finding must replay. */
+struct denycache *denycache_new_keyed(const uint64_t key[4]);
 void denycache_free(struct denycache *dc);
 /*
  * Remembers a denial if it can be exact; v as limiter_parse reads it (its

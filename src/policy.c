@@ -10,6 +10,7 @@
 #include <strings.h>
 
 #include "fmt.h"
+#include "log.h"
 #include "policy.h"
 #include "xmalloc.h"
 
@@ -375,6 +376,7 @@ override_index_build(const struct route *route, int from_ip,
 		}
 	}
 	qsort(*out, *n, sizeof(**out), override_index_cmp);
+	*out = xrealloc(*out, (*n ? *n : 1) * sizeof(**out));
 }
 
 void
@@ -407,8 +409,11 @@ policy_prepare(struct config *config)
 				    canon, sizeof(canon)) == 0)
 					o->canon_ip[k] = xstrdup(canon);
 		}
-		/* Only the index a client key of this route can look in: a
-		 * million keys take 32 MB an index. */
+		/* Only the indexes a client key of this route can look in: a
+		 * million keys take 32 MB an index. On a route keyed by ip
+		 * alone a value's key (one /v1/check names that is no
+		 * address) looks in the address index, which holds every
+		 * key that is no address as written (policy_limits). */
 		free(r->by_ip);
 		free(r->by_value);
 		r->by_ip = r->by_value = NULL;
@@ -417,6 +422,7 @@ policy_prepare(struct config *config)
 			override_index_build(r, 1, &r->by_ip, &r->nby_ip);
 		if (!policy_route_keys_by_ip_alone(r))
 			override_index_build(r, 0, &r->by_value, &r->nby_value);
+		r->prepared = 1;
 	}
 }
 
@@ -486,7 +492,15 @@ policy_limits(const struct route *route, const char *key, size_t keylen,
     int from_ip)
 {
 	const struct override_index *idx = from_ip ? route->by_ip : route->by_value;
-	size_t lo = 0, hi = from_ip ? route->nby_ip : route->nby_value;
+	size_t lo = 0, hi = from_ip ? route->nby_ip : route->nby_value, n;
+
+	if (!route->prepared)
+		fatalx("policy_limits: route %s was not prepared", route->name);
+	if (idx == NULL && !from_ip) {	/* keyed by ip alone: see policy_prepare */
+		idx = route->by_ip;
+		hi = route->nby_ip;
+	}
+	n = hi;
 
 	/* The first entry of this key (sorted by place after the key): the
 	 * loader refuses a key listed twice, but the file's order decides
@@ -502,8 +516,7 @@ policy_limits(const struct route *route, const char *key, size_t keylen,
 		else
 			hi = mid;
 	}
-	if (idx && lo < (from_ip ? route->nby_ip : route->nby_value) &&
-	    idx[lo].len == keylen && memcmp(idx[lo].key, key, keylen) == 0)
+	if (lo < n && idx[lo].len == keylen && memcmp(idx[lo].key, key, keylen) == 0)
 		return &idx[lo].override->set;
 	return &route->limits;
 }

@@ -66,8 +66,10 @@ int policy_route_keys_by_ip_alone(const struct route *route);
 int policy_route_mixes_ip(const struct route *route);
 
 /* Derives what the checks of a loaded policy would otherwise work out on
- * every request: which routes mix the IP with values, and the canonical
- * form of their override keys that are addresses. Once, before use. */
+ * every request: which routes mix the IP with values, the canonical form
+ * of their override keys that are addresses, and the sorted indexes
+ * policy_limits searches. Once, before use: policy_limits refuses a route
+ * it has not prepared. */
 void policy_prepare(struct config *config);
 
 /* The limits that apply to this client (an override's, or the route's);

@@ -25,6 +25,7 @@
  * the context dies.
  */
 #define _GNU_SOURCE
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -170,7 +171,6 @@ struct store {
 
 	int			 st_max_batch;	/* redis.max_batch */
 	int			 st_cluster;	/* a Cluster node: one check a call */
-	int			 st_logged_evicting; /* see warn_if_evicting */
 	TAILQ_HEAD(, store_call) st_queue;	/* not yet sent */
 	struct event		*st_flush_ev;
 	struct store_batch	*st_free_batches;
@@ -550,15 +550,19 @@ on_script_loaded(redisAsyncContext *ac, void *r, void *privdata)
  * A Redis that evicts keys under maxmemory (any policy but noeviction:
  * every key of ours has a TTL, so volatile-* policies take them too)
  * drops a limit's count without a word, and its client starts again with
- * its whole quota: said once while it lasts, with the fix. noeviction
- * instead refuses the script's writes with OOM, which fails checks by
- * their failure mode and is counted and logged.
+ * its whole quota: said when a link finds it, once for the process (the
+ * workers' links share the Redis) until a link finds it no longer does.
+ * noeviction instead refuses the script's writes with OOM, which fails
+ * checks by their failure mode and is counted and logged.
  */
+static atomic_int evicting_said;
+
 static void
 warn_if_evicting(struct store *st, const char *info)
 {
 	const char *mm = strstr(info, "\nmaxmemory:");
 	const char *pol = strstr(info, "\nmaxmemory_policy:");
+	char name[32 * 4];
 	long long maxmemory;
 	size_t len;
 
@@ -568,17 +572,17 @@ warn_if_evicting(struct store *st, const char *info)
 	pol += strlen("\nmaxmemory_policy:");
 	len = strcspn(pol, "\r\n");
 	if (maxmemory <= 0 || (len == 10 && strncmp(pol, "noeviction", 10) == 0)) {
-		st->st_logged_evicting = 0;
+		atomic_store(&evicting_said, 0);
 		return;
 	}
-	if (st->st_logged_evicting)
+	if (atomic_exchange(&evicting_said, 1))
 		return;
-	st->st_logged_evicting = 1;
-	log_warnx("%s: this Redis evicts keys when full (maxmemory-policy %.*s, "
+	log_escape(name, sizeof(name), pol, len < 32 ? len : 32);
+	log_warnx("%s: this Redis evicts keys when full (maxmemory-policy %s, "
 	    "maxmemory %lld bytes): a count it evicts starts afresh, and its "
 	    "client gets its whole quota back; set maxmemory-policy noeviction, "
-	    "or give the limits a Redis of their own", st->st_who,
-	    (int)(len < 32 ? len : 32), pol, maxmemory);
+	    "or give the limits a Redis of their own", st->st_who, name,
+	    maxmemory);
 }
 
 /* INFO's default sections: what the server is.

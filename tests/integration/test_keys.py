@@ -222,6 +222,22 @@ def test_address_override_on_an_ip_route_is_canonical(start_daemon):
     assert codes == [200, 429]
 
 
+def test_a_named_key_that_is_no_address_finds_its_override_on_an_ip_route(start_daemon):
+    """On a route keyed by ip alone, "unix" is the key of a client over a
+    unix socket, and an override may name it: /v1/check naming that key
+    gets the override, as the linear scan gave it (a review caught the
+    sorted index missing it: 200 then 429)."""
+    ovr = '    overrides: [{keys: [unix, "10.9.9.9"], unlimited: true}]\n'
+    d = start_daemon(policy(route("o", "/o/", "ip", limit=1, extra=ovr)))
+    for key in ("unix", "10.9.9.9", "10.009.9.9x"):
+        got = [vcheck(d, {"route": "o", "key": key}) for _ in range(2)]
+        if key == "10.009.9.9x":     # no override: the route's limit
+            assert [r.status_code for r in got] == [200, 429], [r.text for r in got]
+        else:
+            assert all(r.status_code == 200 and r.json()["unlimited"] for r in got), \
+                (key, [r.text for r in got])
+
+
 def test_missing_key_deny_is_403(start_daemon, redis_server):
     d = start_daemon(KEYS)
     for path in ("/check/md/x", "/check/hdr/x", "/check/fbn/x"):   # explicit, default, list
