@@ -3043,9 +3043,10 @@ warn_override_keys_unmatched(struct loader *ld, const struct route *r,
 				    echo(ld, key));
 			else if (ip_alone && strcmp(key, "unix") != 0 &&
 			    policy_canonical_ip(key, strlen(key), canon, sizeof(canon)) != 0)
-				warnf(ld, keys_nd->items[j], "overrides: \"%s\" never "
-				    "applies: route \"%s\" is keyed by ip, and it is not "
-				    "an IP address", echo(ld, key), r->name);
+				warnf(ld, keys_nd->items[j], "overrides: \"%s\" applies "
+				    "to no request: route \"%s\" is keyed by ip, and it "
+				    "is not an IP address (only a /v1/check that names it "
+				    "as the key gets it)", echo(ld, key), r->name);
 			/* HTTP strips a header value's surrounding spaces and
 			 * tabs, and an address has none: such a key matched
 			 * nothing, silently. (A query value may carry them.) */

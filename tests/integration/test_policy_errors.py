@@ -1216,8 +1216,9 @@ def test_what_can_never_apply_is_a_warning(tmp_path):
         'always present',
         '15:25: overrides: "a" never applies: route "c" is keyed by global, one client '
         'for every request',
-        '20:25: overrides: "partner-1" never applies: route "d" is keyed by ip, and it is '
-        'not an IP address')], p.stderr.decode()
+        '20:25: overrides: "partner-1" applies to no request: route "d" is keyed by ip, '
+        'and it is not an IP address (only a /v1/check that names it as the key gets '
+        'it)')], p.stderr.decode()
 
 
 @pytest.mark.parametrize("lineno,text,token", [
