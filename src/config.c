@@ -2363,7 +2363,7 @@ regex_refused(const char *re, char *why, size_t size, int *anchored,
 
 	frames = xcalloc(strlen(re) + 2, sizeof(*frames));
 	for (const char *p = re; *p && !refused; p++) {
-		long long copies, optional;
+		long long copies, optional, group_units;
 		const char *end;
 
 		if (*p == '[') {
@@ -2406,11 +2406,11 @@ regex_refused(const char *re, char *why, size_t size, int *anchored,
 				break;
 			}
 			copies = frames[depth].total;
-			optional = frames[depth--].units;
+			group_units = frames[depth--].units;
 			frames[depth].last = copies;
 			frames[depth].total += copies;
-			frames[depth].last_units = optional;
-			frames[depth].units += optional;
+			frames[depth].last_units = group_units;
+			frames[depth].units += group_units;
 			continue;
 		} else if (*p == '|') {
 			top_alternation |= depth == 0;

@@ -114,7 +114,6 @@ struct route {
 	 * with, and those a value's is (policy_limits). */
 	struct override_index	*by_ip, *by_value;
 	size_t			 nby_ip, nby_value;
-	int			 prepared;	/* by policy_prepare */
 	int			 mixes_ip;	/* see policy_route_mixes_ip */
 };
 

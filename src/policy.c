@@ -338,15 +338,22 @@ override_form(const struct route *route, const struct override *o, size_t j,
 	return from_ip && canon ? canon : o->keys[j];
 }
 
+/* The index's order: by length, then bytes (what the search compares). */
+static int
+override_key_cmp(const struct override_index *e, const char *key, size_t len)
+{
+	if (e->len != len)
+		return e->len < len ? -1 : 1;
+	return memcmp(e->key, key, len);
+}
+
 static int
 override_index_cmp(const void *a, const void *b)
 {
 	const struct override_index *x = a, *y = b;
-	int c;
+	int c = override_key_cmp(x, y->key, y->len);
 
-	if (x->len != y->len)
-		return x->len < y->len ? -1 : 1;
-	if ((c = memcmp(x->key, y->key, x->len)) != 0)
+	if (c != 0)
 		return c;
 	return x->order < y->order ? -1 : x->order > y->order;
 }
@@ -422,7 +429,6 @@ policy_prepare(struct config *config)
 			override_index_build(r, 1, &r->by_ip, &r->nby_ip);
 		if (!policy_route_keys_by_ip_alone(r))
 			override_index_build(r, 0, &r->by_value, &r->nby_value);
-		r->prepared = 1;
 	}
 }
 
@@ -491,32 +497,27 @@ const struct limit_set *
 policy_limits(const struct route *route, const char *key, size_t keylen,
     int from_ip)
 {
-	const struct override_index *idx = from_ip ? route->by_ip : route->by_value;
-	size_t lo = 0, hi = from_ip ? route->nby_ip : route->nby_value, n;
+	/* A route keyed by ip alone has no value index: see policy_prepare. */
+	int by_ip = from_ip || route->by_value == NULL;
+	const struct override_index *idx = by_ip ? route->by_ip : route->by_value;
+	size_t lo = 0, n = by_ip ? route->nby_ip : route->nby_value, hi = n;
 
-	if (!route->prepared)
+	/* A prepared route has at least one index, empty or not. */
+	if (route->by_ip == NULL && route->by_value == NULL)
 		fatalx("policy_limits: route %s was not prepared", route->name);
-	if (idx == NULL && !from_ip) {	/* keyed by ip alone: see policy_prepare */
-		idx = route->by_ip;
-		hi = route->nby_ip;
-	}
-	n = hi;
 
 	/* The first entry of this key (sorted by place after the key): the
 	 * loader refuses a key listed twice, but the file's order decides
 	 * whatever it lets through. */
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
-		const struct override_index *e = &idx[mid];
-		int c = e->len != keylen ? (e->len < keylen ? -1 : 1) :
-		    memcmp(e->key, key, keylen);
 
-		if (c < 0)
+		if (override_key_cmp(&idx[mid], key, keylen) < 0)
 			lo = mid + 1;
 		else
 			hi = mid;
 	}
-	if (lo < n && idx[lo].len == keylen && memcmp(idx[lo].key, key, keylen) == 0)
+	if (lo < n && override_key_cmp(&idx[lo], key, keylen) == 0)
 		return &idx[lo].override->set;
 	return &route->limits;
 }
