@@ -2631,8 +2631,8 @@ on_match_methods(struct loader *ld, const struct node *nd, const char *key, void
 }
 
 /* What a Host header can say: a name, an IPv4 or [IPv6] address, maybe
- * a port, written as clients write it (no leading zero: ports compare as
- * text). */
+ * a port, written as clients write it (no leading zero, which the
+ * request's port loses before the two compare). */
 static int
 match_host_ok(const char *host)
 {

@@ -132,14 +132,25 @@ policy_host_split(const char *s, struct host_parts *out)
 }
 
 /* The policy's host against the request's: names alike but for case,
- * brackets and a root dot; the port only when the policy names one. */
+ * brackets and a root dot; the port only when the policy names one, and
+ * then as a number. The policy's has no leading zero; a request's may
+ * (":08080" reaches the same server as ":8080"), and comparing it as
+ * text would let a client step around a route that names the port. */
 static int
 host_matches(const struct host_parts *w, const struct host_parts *h)
 {
+	const char *port = h->port;
+	size_t portlen = h->portlen;
+
 	if (w->namelen != h->namelen || strncasecmp(w->name, h->name, w->namelen) != 0)
 		return 0;
-	return w->port == NULL || (w->portlen == h->portlen &&
-	    memcmp(w->port, h->port, w->portlen) == 0);
+	if (w->port == NULL)
+		return 1;
+	while (portlen > 1 && port[0] == '0') {
+		port++;
+		portlen--;
+	}
+	return w->portlen == portlen && memcmp(w->port, port, portlen) == 0;
 }
 
 int

@@ -313,6 +313,13 @@ def test_route_host(start_daemon):
     ("'[::1]:8080'", "[::1]:9090", False),
     ("'[::1]'", "[::2]", False),
     ("api_1.internal", "api_1.internal:81", True),
+    # a port is a number: ":08443" reaches the server on 8443, so it must
+    # not step around a route that names the port (compared as text, it did)
+    ("api.example.com:8443", "api.example.com:08443", True),
+    ("api.example.com:8443", "api.example.com:0008443", True),
+    ("api.example.com:8443", "api.example.com:84430", False),
+    ("'[::1]:8080'", "[::1]:08080", True),
+    ("api.example.com:80", "api.example.com:0", False),
 ])
 def test_host_forms(start_daemon, want, host, matches):
     """A route's host and the request's compare as name and port: the
