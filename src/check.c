@@ -966,7 +966,8 @@ check_json(struct worker *w, struct http_request *req)
 	 * are named, or the route keys by none, the address goes unused, but
 	 * a caller who sent a bad one hears of it. */
 	if (desc.ip) {
-		if (policy_canonical_ip(desc.ip, strlen(desc.ip), ip, sizeof(ip)) == -1) {
+		if (policy_canonical_ip(c->client_ipv6_prefix, desc.ip,
+		    strlen(desc.ip), ip, sizeof(ip)) == -1) {
 			http_reply_json_error(req, 400, "field \"ip\" is not an IP address");
 			goto out;
 		}
@@ -1061,7 +1062,8 @@ check_json(struct worker *w, struct http_request *req)
 			goto out;
 		} else {
 			if (policy_route_keys_by_ip_alone(route) &&
-			    policy_canonical_ip(key, keylen, ip, sizeof(ip)) == 0) {
+			    policy_canonical_ip(c->client_ipv6_prefix, key,
+			    keylen, ip, sizeof(ip)) == 0) {
 				/* A route keyed by IP alone: an address is
 				 * that client, however spelled, with its
 				 * bucket and its overrides, as /check sees it. */

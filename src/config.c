@@ -96,6 +96,9 @@ struct loader {
 	 * no reply, so its limits are not warned about long holds. */
 	int			  in_shadow_route;
 	long long		  regex_units;	/* see REGEX_UNITS_MAX */
+	/* client_ipv6_prefix, read ahead of the routes (wherever the file
+	 * puts it): their override keys are compared in its form. */
+	int			  client_ipv6_prefix;
 };
 
 static unsigned long config_generation;
@@ -2987,8 +2990,9 @@ check_override_keys_unique(struct loader *ld, const struct route *r,
 			if (key_nd->type != NODE_SCALAR || key == NULL || *key == '\0')
 				continue;
 			all[k].key = key;
-			all[k].as = xstrdup(by_ip && policy_canonical_ip(key, strlen(key),
-			    canon, sizeof(canon)) == 0 ? canon : key);
+			all[k].as = xstrdup(by_ip && policy_canonical_ip(
+			    ld->client_ipv6_prefix, key, strlen(key), canon,
+			    sizeof(canon)) == 0 ? canon : key);
 			all[k++].nd = key_nd;
 		}
 	}
@@ -3003,8 +3007,10 @@ check_override_keys_unique(struct loader *ld, const struct route *r,
 			node_error(ld, all[i].nd, "overrides: client key \"%s\" is "
 			    "already listed at %d:%d%s; only its first override "
 			    "would apply", echo(ld, all[i].key), all[first].nd->line,
-			    all[first].nd->col, strcmp(all[i].key, all[first].key) ?
-			    " (the same address)" : "");
+			    all[first].nd->col, strcmp(all[i].key, all[first].key) == 0 ?
+			    "" : strchr(all[i].as, '/') == NULL ? " (the same address)" :
+			    " (the same client: client_ipv6_prefix counts the "
+			    "addresses of a network as one)");
 		}
 	for (size_t i = 0; i < n; i++)
 		free(all[i].as);
@@ -3029,20 +3035,31 @@ warn_override_keys_unmatched(struct loader *ld, const struct route *r,
 
 		for (size_t j = 0; keys_nd && j < r->overrides[i].nkeys; j++) {
 			const char *key = r->overrides[i].keys[j];
-			char canon[64];
+			char canon[64], whole[64];
 			struct cidr range;
+			int client = policy_canonical_ip(ld->client_ipv6_prefix,
+			    key, strlen(key), canon, sizeof(canon)) == 0;
 
 			if (global && strcmp(key, "*") != 0)
 				warnf(ld, keys_nd->items[j], "overrides: \"%s\" never "
 				    "applies: route \"%s\" is keyed by global, one "
 				    "client for every request", echo(ld, key), r->name);
-			else if (by_ip && strchr(key, '/') &&
+			/* An address with bits past the prefix is its whole
+			 * network's: more than it says. */
+			else if (by_ip && client && strchr(canon, '/') &&
+			    policy_canonical_ip(128, key, strlen(key), whole,
+			    sizeof(whole)) == 0 && (strncmp(whole, canon,
+			    strcspn(canon, "/")) != 0 || whole[strcspn(canon, "/")]))
+				warnf(ld, keys_nd->items[j], "overrides: \"%s\" "
+				    "applies to every address of %s "
+				    "(client_ipv6_prefix: %d counts them as one client)",
+				    echo(ld, key), canon, ld->client_ipv6_prefix);
+			else if (by_ip && !client && strchr(key, '/') &&
 			    config_parse_cidr(key, &range) == 0)
 				warnf(ld, keys_nd->items[j], "overrides: \"%s\" is a "
 				    "range, and a key is one client: list its addresses",
 				    echo(ld, key));
-			else if (ip_alone && strcmp(key, "unix") != 0 &&
-			    policy_canonical_ip(key, strlen(key), canon, sizeof(canon)) != 0)
+			else if (ip_alone && strcmp(key, "unix") != 0 && !client)
 				warnf(ld, keys_nd->items[j], "overrides: \"%s\" applies "
 				    "to no request: route \"%s\" is keyed by ip, and it "
 				    "is not an IP address (only a /v1/check that names it "
@@ -3398,6 +3415,40 @@ on_trusted_proxies(struct loader *ld, const struct node *nd, const char *key, vo
 }
 
 static int
+on_client_ipv6_prefix(struct loader *ld, const struct node *nd, const char *key,
+    void *t)
+{
+	long long v;
+
+	if (get_int(ld, nd, key, 1, 128, &v) == -1)
+		return -1;
+	((struct config *)t)->client_ipv6_prefix = (int)v;
+	/* Shorter than a site's /48, one client would be whole providers. */
+	if (v < 32)
+		warnf(ld, nd, "%s: %lld counts every address under one /%lld as "
+		    "one client, which can be many sites or a whole provider "
+		    "(64 is one host's network, 48 one site's)", key, v, v);
+	return 0;
+}
+
+/* The value client_ipv6_prefix will have, for the routes read before it:
+ * a bad one has its error from on_client_ipv6_prefix, and leaves 128. */
+static int
+client_ipv6_prefix_ahead(const struct node *root)
+{
+	const struct node *nd = root->type == NODE_MAPPING ?
+	    mapping_get(root, "client_ipv6_prefix") : NULL;
+	char *end;
+	long v;
+
+	if (nd == NULL || nd->type != NODE_SCALAR || !nd->plain || nd->value == NULL)
+		return 128;
+	v = strtol(nd->value, &end, 10);
+	return *end == '\0' && end != nd->value && nd->value[0] != '0' &&
+	    v >= 1 && v <= 128 ? (int)v : 128;
+}
+
+static int
 on_section(struct loader *ld, const struct node *nd, const char *key,
     const struct key_handler *table, void *t)
 {
@@ -3425,11 +3476,15 @@ on_log(struct loader *ld, const struct node *nd, const char *key, void *t)
 	return on_section(ld, nd, key, log_keys, t);
 }
 
+/* The place of "routes" in top_keys: its bit in walk_mapping's seen. */
+#define TOP_KEY_ROUTES	6
+
 static const struct key_handler top_keys[] = {
 	{ "server", on_server },
 	{ "redis", on_redis },
 	{ "failure_mode", on_failure_mode },
 	{ "trusted_proxies", on_trusted_proxies },
+	{ "client_ipv6_prefix", on_client_ipv6_prefix },
 	{ "log", on_log },
 	{ "routes", on_routes },
 	{ NULL, NULL },
@@ -3461,6 +3516,7 @@ config_defaults(const char *path)
 	config_parse_cidr("127.0.0.1/32", &c->trusted_proxies[0]);
 	config_parse_cidr("::1/128", &c->trusted_proxies[1]);
 	c->ntrusted_proxies = 2;
+	c->client_ipv6_prefix = 128;
 	c->log_level = LOG_LEVEL_INFO;
 	c->log_format = LOG_FORMAT_TEXT;
 	return c;
@@ -3608,8 +3664,9 @@ config_load(const char *path, struct config_errors *errors)
 		fclose(fp);
 	if (root) {
 		c = config_defaults(path);
+		ld.client_ipv6_prefix = client_ipv6_prefix_ahead(root);
 		walk_mapping(&ld, root, "policy", top_keys, c, &seen);
-		if (root->type == NODE_MAPPING && !(seen & (1UL << 5)))
+		if (root->type == NODE_MAPPING && !(seen & (1UL << TOP_KEY_ROUTES)))
 			node_error(&ld, root, "policy: \"routes\" is required");
 		if (c->redis_password_env) {
 			const char *pw = getenv(c->redis_password_env);
@@ -3802,6 +3859,8 @@ config_to_json(const struct config *c)
 		json_array_append_new(proxies, json_string(buf));
 	}
 	json_object_set_new(root, "trusted_proxies", proxies);
+	json_object_set_new(root, "client_ipv6_prefix",
+	    json_integer(c->client_ipv6_prefix));
 	json_object_set_new(log, "level", json_string(levels[c->log_level]));
 	json_object_set_new(log, "format", json_string(c->log_format ? "json" : "text"));
 	json_object_set_new(log, "access", json_boolean(c->log_access));

@@ -168,6 +168,7 @@ struct config {
 	enum failure_mode failure_mode;
 	struct cidr	*trusted_proxies;
 	size_t		 ntrusted_proxies;
+	int		 client_ipv6_prefix;	/* bits of an IPv6 client key */
 
 	int		 log_level;		/* enum log_level */
 	int		 log_format;		/* enum log_format */

@@ -423,8 +423,9 @@ policy_prepare(struct config *config)
 
 			o->canon_ip = xcalloc(o->nkeys, sizeof(*o->canon_ip));
 			for (size_t k = 0; k < o->nkeys; k++)
-				if (policy_canonical_ip(o->keys[k], strlen(o->keys[k]),
-				    canon, sizeof(canon)) == 0)
+				if (policy_canonical_ip(config->client_ipv6_prefix,
+				    o->keys[k], strlen(o->keys[k]), canon,
+				    sizeof(canon)) == 0)
 					o->canon_ip[k] = xstrdup(canon);
 		}
 		/* Only the indexes a client key of this route can look in: a
@@ -599,15 +600,57 @@ parse_ip(const char *s, size_t len, int *family, unsigned char addr[16])
 	return -1;
 }
 
+/* An address as the text that names its client: canonical, and an IPv6
+ * one cut to its first ipv6_prefix bits with "/N" after it when that is
+ * under 128 (one host's /64 is otherwise 2^64 clients, each with a fresh
+ * quota). IPv4, v4-mapped IPv6 included, is always the whole address. */
+static int
+client_form(int ipv6_prefix, int family, unsigned char addr[16], char *out,
+    size_t size)
+{
+	size_t len;
+
+	if (family != AF_INET6 || ipv6_prefix >= 128)
+		return inet_ntop(family, addr, out, (socklen_t)size) ? 0 : -1;
+	for (int bit = ipv6_prefix; bit < 128; bit++)
+		addr[bit / 8] &= (unsigned char)~(0x80 >> (bit % 8));
+	if (inet_ntop(AF_INET6, addr, out, (socklen_t)size) == NULL)
+		return -1;
+	len = strlen(out);
+	return (size_t)snprintf(out + len, size - len, "/%d", ipv6_prefix) <
+	    size - len ? 0 : -1;
+}
+
 int
-policy_canonical_ip(const char *s, size_t len, char *out, size_t size)
+policy_canonical_ip(int ipv6_prefix, const char *s, size_t len, char *out,
+    size_t size)
 {
 	unsigned char addr[16];
+	const char *slash;
 	int family;
 
+	/* "2001:db8:1:2::/64" is how such a client is written (in replies,
+	 * logs, an override key), and so names it too; another length
+	 * names no client. */
+	if (ipv6_prefix < 128 && (slash = memchr(s, '/', len)) != NULL) {
+		size_t n = len - (size_t)(slash - s) - 1;
+		int bits = 0;
+
+		if (n == 0 || n > 3 || slash[1] == '0')
+			return -1;
+		for (size_t i = 1; i <= n; i++) {
+			if (slash[i] < '0' || slash[i] > '9')
+				return -1;
+			bits = bits * 10 + (slash[i] - '0');
+		}
+		if (bits != ipv6_prefix || s[0] == '[' || parse_ip(s,
+		    (size_t)(slash - s), &family, addr) == -1 || family != AF_INET6)
+			return -1;
+		return client_form(ipv6_prefix, family, addr, out, size);
+	}
 	if (parse_ip(s, len, &family, addr) == -1)
 		return -1;
-	return inet_ntop(family, addr, out, (socklen_t)size) ? 0 : -1;
+	return client_form(ipv6_prefix, family, addr, out, size);
 }
 
 static int
@@ -676,6 +719,6 @@ done:
 		snprintf(out, size, "unix");
 		return -1;
 	}
-	inet_ntop(best_family, best_addr, out, (socklen_t)size);
+	client_form(config->client_ipv6_prefix, best_family, best_addr, out, size);
 	return 0;
 }

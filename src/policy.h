@@ -77,14 +77,18 @@ void policy_prepare(struct config *config);
 const struct limit_set *policy_limits(const struct route *route,
     const char *key, size_t keylen, int from_ip);
 
-/* The client IP (SPEC §5) as canonical text in out. A NULL peer is a unix
+/* The client IP (SPEC §5) as canonical text in out, an IPv6 one cut to
+ * config->client_ipv6_prefix ("2001:db8:1:2::/64"). A NULL peer is a unix
  * socket peer, on this host by definition, so it is trusted like a listed
  * proxy; with no forwarding header its client is "unix". Returns 0, or -1
  * when no address was found. */
 int policy_client_ip(const struct config *config, const char *peer,
     const char *forwarded_for, const char *real_ip, char *out, size_t size);
 
-/* Canonicalizes an IP literal (v4, v6, [v6]) into out; 0 or -1. */
-int policy_canonical_ip(const char *s, size_t len, char *out, size_t size);
+/* An IP literal (v4, v6, [v6]) as the client it names, in the form
+ * policy_client_ip writes (an IPv6 address cut to ipv6_prefix bits, which
+ * may also be given as "ADDRESS/ipv6_prefix"); 0 or -1. */
+int policy_canonical_ip(int ipv6_prefix, const char *s, size_t len, char *out,
+    size_t size);
 
 #endif

@@ -440,3 +440,71 @@ def test_header_sent_on_several_lines(start_daemon, redis_server, path, lines, k
                    + b"Connection: close\r\n\r\n")
     assert status_of(out) == 200
     assert all_keys(redis_server.client()) == {key}
+
+
+# ---------------------------------------------------------------- client_ipv6_prefix
+
+def test_ipv6_prefix_counts_a_network_as_one_client(start_daemon, redis_server):
+    """client_ipv6_prefix: 64: the addresses of one /64 share one bucket
+    (a host holds a whole /64, and with each address its own client it
+    took a fresh quota from each); another /64 is another client, and
+    IPv4, v4-mapped or not, is the whole address."""
+    d = start_daemon(policy(route("ipk", "/ip/", "ip", limit=2),
+                            top="trusted_proxies: [127.0.0.1/32]\nclient_ipv6_prefix: 64\n"))
+    one = ["2001:db8:1:2::1", "2001:DB8:1:2:ffff:ffff:ffff:ffff", "2001:db8:1:2:0:0:0:9"]
+    codes = [check(d, "/check/ip/x", "GET", {"X-Forwarded-For": ip}).status_code for ip in one]
+    assert codes == [200, 200, 429]
+    r = check(d, "/check/ip/x", "GET", {"X-Forwarded-For": "2001:db8:1:3::1"})
+    assert r.status_code == 200 and remaining(r) == 1
+    # /v1/check's "ip" is the same client, and its reply names the network
+    r = vcheck(d, {"path": "/ip/x", "ip": "2001:db8:1:2::abcd"})
+    assert r.status_code == 429 and r.json()["allowed"] is False
+    assert r.json()["key"] == "2001:db8:1:2::/64"
+    for ip in ("198.51.100.1", "::ffff:198.51.100.2"):
+        r = check(d, "/check/ip/x", "GET", {"X-Forwarded-For": ip})
+        assert r.status_code == 200 and remaining(r) == 1, ip
+    assert all_keys(redis_server.client()) == {
+        rkey("ipk", c, "q", "fixed_window") for c in
+        ("2001:db8:1:2::/64", "2001:db8:1:3::/64", "198.51.100.1", "198.51.100.2")}
+
+
+def test_ipv6_prefix_default_keeps_each_address(start_daemon, redis_server):
+    d = start_daemon(policy(route("ipk", "/ip/", "ip", limit=1),
+                            top="trusted_proxies: [127.0.0.1/32]\n"))
+    for ip in ("2001:db8:1:2::1", "2001:db8:1:2::2"):
+        assert check(d, "/check/ip/x", "GET", {"X-Forwarded-For": ip}).status_code == 200
+    assert all_keys(redis_server.client()) == {
+        rkey("ipk", c, "q", "fixed_window") for c in ("2001:db8:1:2::1", "2001:db8:1:2::2")}
+
+
+@pytest.mark.parametrize("key", ["2001:db8:1:2::99", "2001:db8:1:2::/64", "[2001:db8:1:2::1]:443"])
+def test_ipv6_prefix_named_key_is_its_network(start_daemon, redis_server, key):
+    """/v1/check naming an address (or the network as the daemon writes it)
+    on a route keyed by ip charges the network's bucket, as /check would."""
+    d = start_daemon(policy(route("ipk", "/ip/", "ip", limit=2),
+                            top="trusted_proxies: [127.0.0.1/32]\nclient_ipv6_prefix: 64\n"))
+    r = vcheck(d, {"route": "ipk", "key": key})
+    assert r.status_code == 200 and r.json()["key"] == "2001:db8:1:2::/64", r.text
+    r = check(d, "/check/ip/x", "GET", {"X-Forwarded-For": "2001:db8:1:2::5"})
+    assert r.status_code == 200 and remaining(r) == 0
+
+
+def test_ipv6_prefix_overrides_name_networks(start_daemon, tmp_path):
+    """An override's address applies to its whole network, with a warning
+    when it has bits past the prefix; the network as written ("/64") is a
+    key too. A prefix given after the routes still applies to them."""
+    ovr = ('    overrides: [{keys: ["2001:db8:9::5", "2001:db8:8::/64", "10.1.2.3"], '
+           'unlimited: true}]\n')
+    d = start_daemon(policy(route("o", "/o/", "ip", limit=1, extra=ovr),
+                            top="trusted_proxies: [127.0.0.1/32]\n") + "client_ipv6_prefix: 64\n")
+    for ip in ("2001:db8:9::5", "2001:db8:9::77", "2001:db8:8::1", "10.1.2.3"):
+        got = [check(d, "/check/o/x", "GET", {"X-Forwarded-For": ip}) for _ in range(2)]
+        assert [r.status_code for r in got] == [200, 200], ip
+        assert not any(has_rl_headers(r) for r in got), ip
+    got = [check(d, "/check/o/x", "GET", {"X-Forwarded-For": "2001:db8:9:1::5"}).status_code
+           for _ in range(2)]
+    assert got == [200, 429]
+    log = d.log()
+    assert ('warning: overrides: "2001:db8:9::5" applies to every address of '
+            "2001:db8:9::/64 (client_ipv6_prefix: 64 counts them as one client)") in log
+    assert "2001:db8:8::/64" not in log     # as the daemon writes it: no warning

@@ -354,7 +354,7 @@ def test_an_alias_or_a_nul_leaves_the_rest_of_the_file_checked(tmp_path):
     errs = run_bad(write(tmp_path, lines))
     assert errs == [
         (7, 1, 'policy: unknown key "bogus" (expected one of: server, redis, failure_mode, '
-               'trusted_proxies, log, routes)'),
+               'trusted_proxies, client_ipv6_prefix, log, routes)'),
         (12, 10, "aliases are not allowed in a policy file"),
         (14, 17, "a NUL character (\\0) is not allowed in a value"),
         (19, 13, "aliases are not allowed in a policy file"),
@@ -1413,3 +1413,41 @@ def test_pcre_groups_and_a_password_in_the_file_say_what_to_write(tmp_path):
     assert "write [Aa] for either case" in err, err
     assert ("pcre.yaml:1:9: redis: unknown key \"password\" (expected one of: ") in err, err
     assert "name the variable in password_env)" in err and "hunter2" not in err, err
+
+
+@pytest.mark.parametrize("value,says", [
+    ("0", "client_ipv6_prefix: 0 is out of range [1, 128]"),
+    ("129", "client_ipv6_prefix: 129 is out of range [1, 128]"),
+    ('"64"', 'client_ipv6_prefix: expected an integer, got the string "64" (remove the quotes)'),
+    ("064", 'client_ipv6_prefix: "064" has a leading zero'),
+    ("/64", 'client_ipv6_prefix: expected an integer, got "/64"'),
+])
+def test_client_ipv6_prefix_errors(tmp_path, value, says):
+    path = write(tmp_path, variant(insert={9: ["client_ipv6_prefix: " + value]}))
+    errs = run_bad(path)
+    assert [(l, c) for l, c, _ in errs] == [(9, 21)], errs
+    assert says in errs[0][2], errs
+
+
+def test_client_ipv6_prefix_overrides_in_one_network_are_one_client(tmp_path):
+    """Two addresses of one /64 are one client's key: listed in two
+    overrides, only the first would apply, which the error says. The
+    prefix is read ahead of the routes, wherever it is in the file."""
+    lines = variant(insert={16: ['    overrides:',
+                                 '      - { keys: ["2001:db8::1"], unlimited: true }',
+                                 '      - { keys: ["2001:db8::2"], unlimited: true }']})
+    p = validate(write(tmp_path, lines))
+    assert p.returncode == 0, p.stderr.decode()     # two clients without the prefix
+    path = write(tmp_path, lines + ["client_ipv6_prefix: 64"])
+    errs = run_bad(path)
+    assert errs == [(18, 18, 'overrides: client key "2001:db8::2" is already listed at '
+                     '17:18 (the same client: client_ipv6_prefix counts the addresses '
+                     'of a network as one); only its first override would apply')], errs
+
+
+def test_client_ipv6_prefix_under_32_is_warned(tmp_path):
+    path = write(tmp_path, variant(insert={9: ["client_ipv6_prefix: 16"]}))
+    p = validate(path)
+    assert p.returncode == 0, p.stderr.decode()
+    assert ("%s:9:21: warning: client_ipv6_prefix: 16 counts every address under one /16 "
+            "as one client" % path) in p.stderr.decode()

@@ -640,19 +640,52 @@ test_client_ip(void)
 	CHECK_STR(ip, "203.0.113.9");
 	CHECK(policy_client_ip(c, NULL, NULL, NULL, ip, sizeof(ip)) == -1);
 	CHECK_STR(ip, "unix");
-	CHECK(policy_canonical_ip("[::1]", 5, ip, sizeof(ip)) == 0);
+	CHECK(policy_canonical_ip(128, "[::1]", 5, ip, sizeof(ip)) == 0);
 	CHECK_STR(ip, "::1");
-	CHECK(policy_canonical_ip("1.2.3", 5, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip(128, "1.2.3", 5, ip, sizeof(ip)) == -1);
 	/* a proxy's ":port" is digits, and nothing else follows an address */
-	CHECK(policy_canonical_ip("1.2.3.4:8080", 12, ip, sizeof(ip)) == 0);
+	CHECK(policy_canonical_ip(128, "1.2.3.4:8080", 12, ip, sizeof(ip)) == 0);
 	CHECK_STR(ip, "1.2.3.4");
-	CHECK(policy_canonical_ip("[2001:db8::1]:443", 17, ip, sizeof(ip)) == 0);
+	CHECK(policy_canonical_ip(128, "[2001:db8::1]:443", 17, ip, sizeof(ip)) == 0);
 	CHECK_STR(ip, "2001:db8::1");
-	CHECK(policy_canonical_ip("1.2.3.4:x", 9, ip, sizeof(ip)) == -1);
-	CHECK(policy_canonical_ip("1.2.3.4:", 8, ip, sizeof(ip)) == -1);
-	CHECK(policy_canonical_ip("1.2.3.4:123456", 14, ip, sizeof(ip)) == -1);
-	CHECK(policy_canonical_ip("[::1]x", 6, ip, sizeof(ip)) == -1);
-	CHECK(policy_canonical_ip("[::1]:", 6, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip(128, "1.2.3.4:x", 9, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip(128, "1.2.3.4:", 8, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip(128, "1.2.3.4:123456", 14, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip(128, "[::1]x", 6, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip(128, "[::1]:", 6, ip, sizeof(ip)) == -1);
+
+	/* client_ipv6_prefix: an IPv6 client is its network, written with
+	 * its length; IPv4 (v4-mapped too) stays the whole address */
+	c->client_ipv6_prefix = 64;
+	policy_client_ip(c, "2001:db8:1:2:aaaa:bbbb:cccc:dddd", NULL, NULL, ip,
+	    sizeof(ip));
+	CHECK_STR(ip, "2001:db8:1:2::/64");
+	policy_client_ip(c, "127.0.0.1", "203.0.113.5", NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "203.0.113.5");
+	policy_client_ip(c, "::ffff:198.51.100.7", NULL, NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "198.51.100.7");
+	policy_client_ip(c, "127.0.0.1", "2001:DB8:1:2::9", NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "2001:db8:1:2::/64");
+	c->client_ipv6_prefix = 56;
+	policy_client_ip(c, "2001:db8:1:2ff:1::1", NULL, NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "2001:db8:1:200::/56");
+	c->client_ipv6_prefix = 1;
+	policy_client_ip(c, "ffff::1", NULL, NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "8000::/1");
+	/* the written form names its client; another length names none */
+	CHECK(policy_canonical_ip(64, "2001:DB8:1:2::/64", 17, ip, sizeof(ip)) == 0);
+	CHECK_STR(ip, "2001:db8:1:2::/64");
+	CHECK(policy_canonical_ip(64, "2001:db8:1:2::77/64", 19, ip, sizeof(ip)) == 0);
+	CHECK_STR(ip, "2001:db8:1:2::/64");
+	CHECK(policy_canonical_ip(64, "[2001:db8::1]:443", 17, ip, sizeof(ip)) == 0);
+	CHECK_STR(ip, "2001:db8::/64");
+	CHECK(policy_canonical_ip(64, "2001:db8::/48", 13, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip(64, "2001:db8::/064", 14, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip(64, "2001:db8::/", 11, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip(64, "10.0.0.0/64", 11, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip(128, "2001:db8::/128", 14, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip(64, "10.1.2.3", 8, ip, sizeof(ip)) == 0);
+	CHECK_STR(ip, "10.1.2.3");
 	config_unref(c);
 }
 
