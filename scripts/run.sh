@@ -27,6 +27,7 @@ host=${addr%:*}; port=${addr##*:}
 # [::1]:6379: redis-cli and redis-server take the address without brackets.
 host=${host#[}; host=${host%]}
 redis_pid=""
+redis_log=""
 case "$addr" in
 unix:*) ;;
 *)
@@ -34,12 +35,22 @@ unix:*) ;;
 		echo "run: no Redis on $addr; starting redis-server on port $port (data not saved)"
 		# Its own session, so Ctrl-C reaches only the daemon, which drains
 		# while Redis is still there; the EXIT trap stops Redis after.
+		# Its log kept, to say why when it does not start (the port
+		# taken by something that is not Redis, say).
+		redis_log=$(mktemp "${TMPDIR:-/tmp}/ratelimitd-run-redis.XXXXXX")
 		setsid redis-server --bind "$host" --port "$port" --save '' \
-			--appendonly no --logfile "" >/dev/null &
+			--appendonly no --logfile "" >"$redis_log" 2>&1 &
 		redis_pid=$!
 		i=0
 		until redis-cli -h "$host" -p "$port" ping >/dev/null 2>&1; do
-			i=$((i + 1)); [ $i -gt 50 ] && { echo "run: redis-server did not start"; exit 1; }
+			i=$((i + 1))
+			if [ $i -gt 50 ] || ! kill -0 "$redis_pid" 2>/dev/null; then
+				echo "run: redis-server did not start; its last words:" >&2
+				tail -n 5 "$redis_log" >&2
+				kill "$redis_pid" 2>/dev/null || true
+				rm -f "$redis_log"
+				exit 1
+			fi
 			sleep 0.1
 		done
 	fi ;;
@@ -52,6 +63,7 @@ cleanup() {
 	    [ "$(cat /proc/"$redis_pid"/comm 2>/dev/null)" = redis-server ]; then
 		kill "$redis_pid" 2>/dev/null || true
 	fi
+	[ -z "$redis_log" ] || rm -f "$redis_log"
 }
 trap cleanup EXIT INT TERM
 echo "run: build/ratelimitd -c $policy (Ctrl-C stops it)"

@@ -143,6 +143,9 @@ struct store {
 	int			 st_answered;
 	long long		 st_progress_us; /* last reply or first send */
 	int			 st_logged_down; /* "still down" logged once */
+	/* It replaces a store whose outage was logged (store_take_outage):
+	 * its first link up ends that outage in the log. */
+	int			 st_after_outage;
 	int			 st_logged_handshake; /* see handshake_refused */
 	/* This link is being dropped (its handshake was refused, or its
 	 * server turned replica): the replies already read behind it (a
@@ -256,12 +259,19 @@ set_state(struct store *st, enum store_state state)
  * level, or a log kept at warn shows Redis going and never coming back;
  * a first link at info. */
 static void
-log_link_up(const struct store *st, const char *what)
+log_link_up(struct store *st, const char *what)
 {
-	if (st->st_logged_down)
+	if (st->st_logged_down || st->st_after_outage)
 		log_warnx("%s: %s", st->st_who, what);
 	else
 		log_info("%s: %s", st->st_who, what);
+	st->st_after_outage = 0;
+}
+
+void
+store_take_outage(struct store *next, const struct store *prev)
+{
+	next->st_after_outage = prev->st_logged_down || prev->st_after_outage;
 }
 
 /* A script call was answered on the current link, whatever the reply:

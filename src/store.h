@@ -77,6 +77,10 @@ typedef void (*store_ready_cb)(void *arg);
 struct store *store_new(int worker, struct event_base *base,
     const struct config *config, struct metrics *metrics,
     unsigned long *link_count, store_ready_cb ready, void *arg);
+/* next replaces prev (a policy moved the worker): if prev's outage was
+ * logged, next's first link up is logged at its level, so a log kept at
+ * warn shows the outage end. */
+void store_take_outage(struct store *next, const struct store *prev);
 /* The policy's redis.address this store talks to. */
 const char *store_address(const struct store *st);
 /* Does the policy name the Redis this store talks to: the same address,

@@ -130,6 +130,7 @@ move_store(struct worker *w, const struct config *c)
 	store_free(w->w_next_store);
 	w->w_next_store = store_new(w->w_id, w->w_base, c, w->w_metrics,
 	    &w->w_link_count, on_next_store_ready, w);
+	store_take_outage(w->w_next_store, w->w_store);
 }
 
 static void

@@ -580,6 +580,26 @@ def test_a_move_to_a_redis_that_is_not_there_follows_the_failure_mode_at_once(op
         m.get("ratelimitd_redis_connected") == 0, m.text
 
 
+def test_a_move_that_ends_an_outage_says_so_at_warn(ops_daemon):
+    """An outage logged at warn, ended by a reload back to a Redis that
+    answers: the new link's "connected" is at warn too, or a log kept at
+    warn shows the outage begin and never end (an audit saw it at info)."""
+    text = policy(route("api", "/api/", fw(10 ** 9)))
+    d = ops_daemon(text)
+    assert counted(d, "k") == 200
+    gone = free_port()
+    d.write_policy(text.replace("{redis_port}", str(gone)))
+    d.signal(signal.SIGHUP)
+    assert wait_until(lambda: "redis 127.0.0.1:%d: connect failed" % gone in d.log(),
+                      timeout=5), d.log()
+    d.write_policy(text)
+    d.signal(signal.SIGHUP)
+    back = re.compile(r" warn worker 0: redis 127\.0\.0\.1:%d: connected$" % d.redis_port,
+                      re.M)
+    assert wait_until(lambda: back.search(d.log()), timeout=5), d.log()
+    assert counted(d, "k") == 200
+
+
 @contextlib.contextmanager
 def route_counts_seen(d):
     """The set of route counts /v1/policy showed, polled every 10 ms while
