@@ -25,6 +25,7 @@
 #include "config.h"
 #include "log.h"
 #include "policy.h"
+#include "rxcheck.h"
 #include "xmalloc.h"
 #include "yamldoc.h"
 
@@ -33,14 +34,6 @@
 #define DURATION_MAX_US	(366LL * 24 * 3600 * US_PER_S)	/* one year */
 #define QUOTA_MAX	1000000000000LL
 #define REGEX_MAX_LEN	4096
-#define REGEX_COPIES_MAX	1000	/* see regex_refused */
-/* glibc compiles an interval's optional copies ({m,n}: n - m of them) in
- * memory that grows with their square times the atom's size, about 8
- * bytes a unit: "[a-z]{1,1000}" is 8 MB and 40 ms. A file's regexes
- * together may take this many units (64 MB): 1000 routes of
- * "^/[a-z]{1,64}/" fit, and 50 of "[a-z]{1,1000}" (400 MB) do not. */
-#define REGEX_UNITS_MAX		8000000LL
-#define REGEX_BYTES_PER_UNIT	8
 #define LEAKY_HOLD_WARN_US (5 * US_PER_S)
 #define SLIDING_BUCKETS_MAX 1000	/* window/precision: bounds Redis memory */
 /* sliding_window_log stores one sorted-set member per unit of cost, and a
@@ -70,7 +63,7 @@ struct loader {
 	/* The route being read says shadow: true (wherever in it): it holds
 	 * no reply, so its limits are not warned about long holds. */
 	int			  in_shadow_route;
-	long long		  regex_units;	/* see REGEX_UNITS_MAX */
+	long long		  regex_units;	/* see RXCHECK_UNITS_MAX */
 	/* client_ipv6_prefix, read ahead of the routes (wherever the file
 	 * puts it): their override keys are compared in its form. */
 	int			  client_ipv6_prefix;
@@ -1614,201 +1607,6 @@ check_match_path(struct loader *ld, const struct node *nd, const char *key,
 	return dead ? -1 : 0;
 }
 
-/*
- * The end of the bracket expression that opens at p ('['): the ']' that
- * closes it, or NULL when regcomp will say it is unclosed. Inside one a
- * backslash is itself, so a PCRE class there (\d) is refused with the
- * reason in why (*refused set).
- */
-static const char *
-bracket_end(const char *p, char *why, size_t size, int *refused)
-{
-	const char *q = p + 1;
-
-	q += *q == '^';
-	q += *q == ']';
-	for (; *q && *q != ']'; q++) {
-		if (*q == '[' && (q[1] == ':' || q[1] == '.' || q[1] == '=')) {
-			char close[3] = { q[1], ']', '\0' };
-			const char *end = strstr(q + 2, close);
-
-			if (end == NULL)
-				return NULL;
-			q = end + 1;
-		} else if (*q == '\\' && q[1] != '\0' && strchr("dDwWsS", q[1])) {
-			snprintf(why, size, "inside [...] a backslash is itself, so "
-			    "\\%c there is a backslash or the letter %c: write %s "
-			    "inside the brackets", q[1], q[1],
-			    q[1] == 'd' || q[1] == 'D' ? "[:digit:]" :
-			    q[1] == 'w' || q[1] == 'W' ? "[:alnum:]_" : "[:space:]");
-			*refused = 1;
-			return NULL;
-		}
-	}
-	return *q ? q : NULL;
-}
-
-/* How many copies of the last atom an interval "{m}", "{m,}", "{m,n}" or
- * "{,n}" at p makes glibc write out (0 for none), with *end past it; -1
- * when p starts no interval (the brace is a literal, or regcomp's error). */
-static long long
-interval_copies(const char *p, const char **end, long long *optional)
-{
-	long long m = 0, n = -1;
-	const char *q = p + 1;
-
-	if (!isdigit((unsigned char)*q) && *q != ',')
-		return -1;
-	while (isdigit((unsigned char)*q) && m <= 100000)
-		m = m * 10 + (*q++ - '0');
-	if (*q == ',') {
-		q++;
-		if (isdigit((unsigned char)*q)) {
-			n = 0;
-			while (isdigit((unsigned char)*q) && n <= 100000)
-				n = n * 10 + (*q++ - '0');
-		}
-	} else
-		n = m;
-	if (*q != '}')
-		return -1;
-	*end = q;
-	*optional = n > m ? n - m : 0;
-	return n >= 0 ? (n > m ? n : m) : m + 1;	/* "{m,}": m, then a star */
-}
-
-/*
- * What glibc's regcomp takes but a user cannot mean, or what would let a
- * client's path hold a worker: true, with the reason in why, when the
- * pattern is refused.
- * - A back-reference (\1; not POSIX ERE): matching one takes time
- *   exponential in the path's length.
- * - A PCRE escape such as \d, which glibc reads as the letter. The GNU
- *   escapes \w \W \s \S \b \B are kept.
- * - An interval is written out as that many copies of what it repeats,
- *   and nested ones multiply: "((a{1,30}){1,30}){1,30}b" is 27,000 copies,
- *   and an audit saw one 2,000-byte path take 12 s (and "[a-z]{1,12000}"
- *   take 1.1 GB). Matching time grows faster than the copies do; with
- *   REGEX_COPIES_MAX more copies than the pattern writes, a 16 KiB path
- *   takes about 0.1 s.
- * - A ')' that closes nothing, a literal to glibc but undefined in POSIX,
- *   and it would close the group set_path wraps the pattern in.
- * *anchored tells whether every alternative of the pattern starts with
- * '^' (then glibc tries the path from its start alone).
- */
-static int
-regex_refused(const char *re, char *why, size_t size, int *anchored,
-    long long *units)
-{
-	/* per open group: its copies so far, and those of its last atom;
-	 * and the units (REGEX_UNITS_MAX) of each: a group repeated is
-	 * written out whole, what its own intervals cost included */
-	struct { long long total, last, units, last_units; } *frames;
-	size_t depth = 0;
-	long long written = 0;	/* atoms as the pattern writes them */
-	int refused = 0, too_many = 0, top_alternation = 0;
-
-	frames = xcalloc(strlen(re) + 2, sizeof(*frames));
-	for (const char *p = re; *p && !refused; p++) {
-		long long copies, optional, group_units;
-		const char *end;
-
-		if (*p == '[') {
-			if ((end = bracket_end(p, why, size, &refused)) == NULL)
-				break;	/* refused, or regcomp says what */
-			p = end;
-		} else if (*p == '\\' && p[1] != '\0') {
-			if (p[1] >= '1' && p[1] <= '9') {
-				snprintf(why, size, "a back-reference (\\%c) is not POSIX "
-				    "ERE, and matching one takes time exponential in "
-				    "the path's length", p[1]);
-				refused = 1;
-				break;
-			}
-			if (isalpha((unsigned char)p[1]) && strchr("wWsSbB", p[1]) == NULL) {
-				snprintf(why, size, "\\%c is not POSIX ERE: it would "
-				    "match the letter %c%s", p[1], p[1], p[1] == 'd' ?
-				    " (write [0-9])" : p[1] == 'D' ? " (write [^0-9])" : "");
-				refused = 1;
-				break;
-			}
-			p++;
-		} else if (*p == '(' && p[1] == '?') {
-			/* glibc said only "Invalid preceding regular
-			 * expression" */
-			snprintf(why, size, "\"(?\" at byte %zu opens a PCRE group "
-			    "((?i), (?:...), a lookaround), which POSIX ERE has not: "
-			    "write [Aa] for either case, and (...) for a group",
-			    (size_t)(p - re) + 1);
-			refused = 1;
-			break;
-		} else if (*p == '(') {
-			memset(&frames[++depth], 0, sizeof(*frames));
-			continue;
-		} else if (*p == ')') {
-			if (depth == 0) {
-				snprintf(why, size, "the ')' at byte %zu closes no '(': "
-				    "write \\) for the character", (size_t)(p - re) + 1);
-				refused = 1;
-				break;
-			}
-			copies = frames[depth].total;
-			group_units = frames[depth--].units;
-			frames[depth].last = copies;
-			frames[depth].total += copies;
-			frames[depth].last_units = group_units;
-			frames[depth].units += group_units;
-			continue;
-		} else if (*p == '|') {
-			top_alternation |= depth == 0;
-			frames[depth].last = 0;
-			frames[depth].last_units = 0;
-			continue;
-		} else if (*p == '*' || *p == '+' || *p == '?') {
-			continue;	/* a loop over the atom: no copies */
-		} else if (*p == '{' && (copies = interval_copies(p, &end,
-		    &optional)) >= 0) {
-			long long was = frames[depth].last_units;
-
-			/* The atom written out copies times, what it costs
-			 * too, and each optional copy leads to all those after
-			 * it. Past the budget is past it: capped, so nested
-			 * counts cannot overflow. */
-			frames[depth].last_units = was * copies +
-			    frames[depth].last * optional * optional;
-			if (frames[depth].last_units > REGEX_UNITS_MAX + 1)
-				frames[depth].last_units = REGEX_UNITS_MAX + 1;
-			frames[depth].units += frames[depth].last_units - was;
-			if (frames[depth].units > REGEX_UNITS_MAX + 1)
-				frames[depth].units = REGEX_UNITS_MAX + 1;
-			/* the atom is written out copies times, not once */
-			frames[depth].total += frames[depth].last * (copies - 1);
-			frames[depth].last *= copies;
-			/* at once, before nested counts can overflow */
-			refused = too_many = frames[depth].total - written >
-			    REGEX_COPIES_MAX;
-			p = end;
-			continue;
-		}
-		frames[depth].last = 1;
-		frames[depth].last_units = 0;
-		frames[depth].total++;
-		written++;
-	}
-	*units = frames[0].units;
-	if (!refused && depth == 0 && frames[0].total - written > REGEX_COPIES_MAX)
-		refused = too_many = 1;	/* groups under it, together over it */
-	if (too_many)
-		snprintf(why, size, "its repeat counts write out more than %d "
-		    "extra copies of what they repeat (nested counts multiply), "
-		    "and matching one long path against them would take "
-		    "seconds: use + or * where any count will do",
-		    REGEX_COPIES_MAX);
-	free(frames);
-	*anchored = re[0] == '^' && !top_alternation;
-	return refused;
-}
-
 static int
 set_path(struct loader *ld, const struct node *nd, const char *key,
     struct route_draft *d, enum path_match kind)
@@ -1849,21 +1647,21 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
 		d->r.path_kind = PATH_ANY;
 		return -1;
 	}
-	if (kind == PATH_REGEX && regex_refused(d->r.path, why, sizeof(why),
+	if (kind == PATH_REGEX && rxcheck_refused(d->r.path, why, sizeof(why),
 	    &anchored, &units)) {
 		node_error(ld, nd, "regex: \"%s\": %s", echo(ld, d->r.path), why);
 		d->r.path_kind = PATH_ANY;
 		return -1;
 	}
-	if (kind == PATH_REGEX && ld->regex_units + units > REGEX_UNITS_MAX) {
+	if (kind == PATH_REGEX && ld->regex_units + units > RXCHECK_UNITS_MAX) {
 		/* Each regex alone may be fine: a thousand routes of them
 		 * took 8 GB and 40 s to load (an audit). */
 		node_error(ld, nd, "regex: \"%s\": with the regexes above it, its "
 		    "repeat counts would take about %lld MB to compile, and at "
 		    "most %lld MB are allowed (a {m,n} costs about the square of "
 		    "n-m): use + or * where any count will do", echo(ld,
-		    d->r.path), ((ld->regex_units + units) * REGEX_BYTES_PER_UNIT +
-		    999999) / 1000000, REGEX_UNITS_MAX * REGEX_BYTES_PER_UNIT / 1000000);
+		    d->r.path), ((ld->regex_units + units) * RXCHECK_BYTES_PER_UNIT +
+		    999999) / 1000000, RXCHECK_UNITS_MAX * RXCHECK_BYTES_PER_UNIT / 1000000);
 		d->r.path_kind = PATH_ANY;
 		return -1;
 	}

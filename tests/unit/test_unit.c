@@ -22,6 +22,7 @@
 #include "fmt.h"
 #include "limiter.h"
 #include "policy.h"
+#include "rxcheck.h"
 #include "sha256.h"
 #include "siphash.h"
 
@@ -557,6 +558,45 @@ test_methods(void)
 	r = policy_match(c, &in);
 	CHECK(r && strcmp(r->name, "heads") == 0);
 	config_unref(c);
+}
+
+/* What a route's regex is refused for, and what compiling it costs. */
+static void
+test_rxcheck(void)
+{
+	static const struct {
+		const char	*re;
+		int		 refused, anchored;
+		long long	 units;		/* -1: refused, not asked */
+		const char	*why;		/* a part of the reason */
+	} cases[] = {
+		{ "^/api/", 0, 1, 0, NULL },
+		{ "^/[a-z0-9-]{1,64}/", 0, 1, 63 * 63, NULL },
+		{ "[a-z]{1,1000}", 0, 0, 999 * 999, NULL },	/* 8 MB */
+		{ "a{2}", 0, 0, 0, NULL },	/* no optional copies */
+		{ "^a|^b", 0, 0, 0, NULL },	/* an alternation: not said */
+		{ "(a)\\1", 1, 0, -1, "back-reference" },
+		{ "\\d+", 1, 0, -1, "write [0-9]" },
+		{ "[\\d]", 1, 0, -1, "[:digit:]" },
+		{ "a)", 1, 0, -1, "closes no '('" },
+		{ "((a{1,30}){1,30}){1,30}b", 1, 0, -1, "more than 1000 extra copies" },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char why[256] = "";
+		int anchored = -1;
+		long long units = -1;
+		int refused = rxcheck_refused(cases[i].re, why, sizeof(why),
+		    &anchored, &units);
+
+		if (refused != cases[i].refused || (!refused && (anchored !=
+		    cases[i].anchored || units != cases[i].units)) ||
+		    (cases[i].why && strstr(why, cases[i].why) == NULL)) {
+			fprintf(stderr, "    %s: refused %d anchored %d units %lld "
+			    "why \"%s\"\n", cases[i].re, refused, anchored, units, why);
+			CHECK(0);
+		}
+	}
 }
 
 /* An unanchored regex is searched as "^.*(RE)": the same paths match. */
@@ -1175,6 +1215,7 @@ static const struct {
 	{ "path normalization", test_normalize },
 	{ "routes and keys", test_routes_and_keys },
 	{ "methods: HEAD with GET", test_methods },
+	{ "regex vetting", test_rxcheck },
 	{ "regex routes", test_regex_routes },
 	{ "client ip", test_client_ip },
 	{ "redis keys and command", test_encode_and_build },
