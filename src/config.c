@@ -2099,6 +2099,36 @@ mapping_get(const struct node *map, const char *name)
  * override would ever apply. Read from the nodes as written, so that it is
  * reported with whatever else is wrong in the route; an address is
  * compared as one when the route's keys were read (r->nkeys). */
+/* Two spellings of one address (or of the same non-address text). */
+static int
+same_address(const char *a, const char *b)
+{
+	char x[64], y[64];
+
+	if (policy_canonical_ip(128, a, strlen(a), x, sizeof(x)) != 0 ||
+	    policy_canonical_ip(128, b, strlen(b), y, sizeof(y)) != 0)
+		return strcmp(a, b) == 0;
+	return strcmp(x, y) == 0;
+}
+
+/* Does an override key that names an IPv6 client (canon, with "/N")
+ * have address bits past the prefix, so that it reads as less than the
+ * network it names? */
+static int
+names_less_than_its_network(const char *key, const char *canon)
+{
+	char given[64], whole[64];
+	size_t n = strcspn(key, "/");
+
+	if (n >= sizeof(given))
+		return 0;
+	memcpy(given, key, n);
+	given[n] = '\0';
+	return policy_canonical_ip(128, given, n, whole, sizeof(whole)) == 0 &&
+	    (strncmp(whole, canon, strcspn(canon, "/")) != 0 ||
+	    whole[strcspn(canon, "/")] != '\0');
+}
+
 static void
 check_override_keys_unique(struct loader *ld, const struct route *r,
     const struct node *route_nd)
@@ -2150,9 +2180,10 @@ check_override_keys_unique(struct loader *ld, const struct route *r,
 			    "already listed at %d:%d%s; only its first override "
 			    "would apply", echo(ld, all[i].key), all[first].nd->line,
 			    all[first].nd->col, strcmp(all[i].key, all[first].key) == 0 ?
-			    "" : strchr(all[i].as, '/') == NULL ? " (the same address)" :
-			    " (the same client: client_ipv6_prefix counts the "
-			    "addresses of a network as one)");
+			    "" : same_address(all[i].key, all[first].key) ?
+			    " (the same address)" : " (the same client: "
+			    "client_ipv6_prefix counts the addresses of a network "
+			    "as one)");
 		}
 	for (size_t i = 0; i < n; i++)
 		free(all[i].as);
@@ -2177,7 +2208,7 @@ warn_override_keys_unmatched(struct loader *ld, const struct route *r,
 
 		for (size_t j = 0; keys_nd && j < r->overrides[i].nkeys; j++) {
 			const char *key = r->overrides[i].keys[j];
-			char canon[64], whole[64];
+			char canon[64];
 			struct cidr range;
 			int client = policy_canonical_ip(ld->client_ipv6_prefix,
 			    key, strlen(key), canon, sizeof(canon)) == 0;
@@ -2189,18 +2220,27 @@ warn_override_keys_unmatched(struct loader *ld, const struct route *r,
 			/* An address with bits past the prefix is its whole
 			 * network's: more than it says. */
 			else if (by_ip && client && strchr(canon, '/') &&
-			    policy_canonical_ip(128, key, strlen(key), whole,
-			    sizeof(whole)) == 0 && (strncmp(whole, canon,
-			    strcspn(canon, "/")) != 0 || whole[strcspn(canon, "/")]))
+			    names_less_than_its_network(key, canon))
 				warnf(ld, keys_nd->items[j], "overrides: \"%s\" "
 				    "applies to every address of %s "
 				    "(client_ipv6_prefix: %d counts them as one client)",
 				    echo(ld, key), canon, ld->client_ipv6_prefix);
 			else if (by_ip && !client && strchr(key, '/') &&
-			    config_parse_cidr(key, &range) == 0)
-				warnf(ld, keys_nd->items[j], "overrides: \"%s\" is a "
-				    "range, and a key is one client: list its addresses",
-				    echo(ld, key));
+			    config_parse_cidr(key, &range) == 0) {
+				char advice[160] = "list its addresses";
+
+				if (range.family == AF_INET6 &&
+				    ld->client_ipv6_prefix < 128)
+					snprintf(advice, sizeof(advice), "here an "
+					    "IPv6 client is a /%d network "
+					    "(client_ipv6_prefix), written as its "
+					    "address and /%d: list those",
+					    ld->client_ipv6_prefix,
+					    ld->client_ipv6_prefix);
+				warnf(ld, keys_nd->items[j], "overrides: \"%s\" is "
+				    "a range, and a key is one client: %s",
+				    echo(ld, key), advice);
+			}
 			else if (ip_alone && strcmp(key, "unix") != 0 && !client)
 				warnf(ld, keys_nd->items[j], "overrides: \"%s\" applies "
 				    "to no request: route \"%s\" is keyed by ip, and it "

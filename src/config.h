@@ -89,6 +89,10 @@ struct host_parts {
 	size_t		 namelen;
 	const char	*port;
 	size_t		 portlen;
+	/* A route's host that is an IPv6 address, which a request's matches
+	 * however it is spelled (policy_prepare sets these). */
+	int		 is_v6;
+	unsigned char	 v6[16];
 };
 
 struct route {

@@ -105,6 +105,7 @@ policy_host_split(const char *s, struct host_parts *out)
 		end--;
 	out->port = NULL;
 	out->portlen = 0;
+	out->is_v6 = 0;
 	if (s[0] == '[') {
 		const char *close = memchr(s, ']', (size_t)(end - s));
 
@@ -142,7 +143,21 @@ host_matches(const struct host_parts *w, const struct host_parts *h)
 	const char *port = h->port;
 	size_t portlen = h->portlen;
 
-	if (w->namelen != h->namelen || strncasecmp(w->name, h->name, w->namelen) != 0)
+	if (w->is_v6) {
+		/* "[2001:db8:0::1]" is [2001:db8::1]: compared as text, a
+		 * client could step around the route by spelling. */
+		char text[INET6_ADDRSTRLEN];
+		unsigned char addr[16];
+
+		if (h->namelen >= sizeof(text))
+			return 0;
+		memcpy(text, h->name, h->namelen);
+		text[h->namelen] = '\0';
+		if (inet_pton(AF_INET6, text, addr) != 1 ||
+		    memcmp(addr, w->v6, sizeof(addr)) != 0)
+			return 0;
+	} else if (w->namelen != h->namelen ||
+	    strncasecmp(w->name, h->name, w->namelen) != 0)
 		return 0;
 	if (w->port == NULL)
 		return 1;
@@ -413,8 +428,19 @@ policy_prepare(struct config *config)
 			    r->keys[k].type == KEY_COOKIE;
 		}
 		r->mixes_ip = ip && value;
-		if (r->host)
-			policy_host_split(r->host, &r->host_parts);
+		if (r->host) {
+			char text[INET6_ADDRSTRLEN];
+			struct host_parts *hp = &r->host_parts;
+
+			policy_host_split(r->host, hp);
+			hp->is_v6 = 0;
+			if (hp->namelen < sizeof(text) &&
+			    memchr(hp->name, ':', hp->namelen) != NULL) {
+				memcpy(text, hp->name, hp->namelen);
+				text[hp->namelen] = '\0';
+				hp->is_v6 = inet_pton(AF_INET6, text, hp->v6) == 1;
+			}
+		}
 		/* An address as an override key is compared in canonical
 		 * form, as the client IP is written: "2001:DB8::1" is
 		 * 2001:db8::1's exemption. */
@@ -600,17 +626,37 @@ parse_ip(const char *s, size_t len, int *family, unsigned char addr[16])
 	return -1;
 }
 
+/*
+ * Is this IPv6 address one host whatever its low bits say: an IPv4 host
+ * written in IPv6 (v4-compatible, SIIT's ::ffff:0:0/96, NAT64's
+ * 64:ff9b::/96 and local-use 64:ff9b:1::/48, where a /64 would be every
+ * IPv4 client of the translator), ::, ::1, or a link-local address
+ * (every host of a link shares fe80::/64)?
+ */
+static int
+whole_ipv6_host(const unsigned char a[16])
+{
+	static const unsigned char zero[12], siit[12] = { [8] = 0xff, [9] = 0xff },
+	    wkp[12] = { 0, 0x64, 0xff, 0x9b }, local[6] = { 0, 0x64, 0xff, 0x9b, 0, 1 };
+
+	return memcmp(a, zero, 12) == 0 || memcmp(a, siit, 12) == 0 ||
+	    memcmp(a, wkp, 12) == 0 || memcmp(a, local, 6) == 0 ||
+	    (a[0] == 0xfe && (a[1] & 0xc0) == 0x80);
+}
+
 /* An address as the text that names its client: canonical, and an IPv6
  * one cut to its first ipv6_prefix bits with "/N" after it when that is
  * under 128 (one host's /64 is otherwise 2^64 clients, each with a fresh
- * quota). IPv4, v4-mapped IPv6 included, is always the whole address. */
+ * quota). IPv4, v4-mapped IPv6 included, and the IPv6 addresses that are
+ * one host whatever their low bits (whole_ipv6_host) are always the
+ * whole address. */
 static int
 client_form(int ipv6_prefix, int family, unsigned char addr[16], char *out,
     size_t size)
 {
 	size_t len;
 
-	if (family != AF_INET6 || ipv6_prefix >= 128)
+	if (family != AF_INET6 || ipv6_prefix >= 128 || whole_ipv6_host(addr))
 		return inet_ntop(family, addr, out, (socklen_t)size) ? 0 : -1;
 	for (int bit = ipv6_prefix; bit < 128; bit++)
 		addr[bit / 8] &= (unsigned char)~(0x80 >> (bit % 8));
@@ -629,9 +675,16 @@ policy_canonical_ip(int ipv6_prefix, const char *s, size_t len, char *out,
 	const char *slash;
 	int family;
 
+	/* Spaces around it, as parse_ip allows around an address. */
+	while (len > 0 && (*s == ' ' || *s == '\t')) {
+		s++;
+		len--;
+	}
+	while (len > 0 && (s[len - 1] == ' ' || s[len - 1] == '\t'))
+		len--;
 	/* "2001:db8:1:2::/64" is how such a client is written (in replies,
-	 * logs, an override key), and so names it too; another length
-	 * names no client. */
+	 * logs, an override key), and so names it too; another length, or
+	 * one after an address that is a client whole, names no client. */
 	if (ipv6_prefix < 128 && (slash = memchr(s, '/', len)) != NULL) {
 		size_t n = len - (size_t)(slash - s) - 1;
 		int bits = 0;
@@ -644,7 +697,8 @@ policy_canonical_ip(int ipv6_prefix, const char *s, size_t len, char *out,
 			bits = bits * 10 + (slash[i] - '0');
 		}
 		if (bits != ipv6_prefix || s[0] == '[' || parse_ip(s,
-		    (size_t)(slash - s), &family, addr) == -1 || family != AF_INET6)
+		    (size_t)(slash - s), &family, addr) == -1 ||
+		    family != AF_INET6 || whole_ipv6_host(addr))
 			return -1;
 		return client_form(ipv6_prefix, family, addr, out, size);
 	}

@@ -320,6 +320,12 @@ def test_route_host(start_daemon):
     ("api.example.com:8443", "api.example.com:84430", False),
     ("'[::1]:8080'", "[::1]:08080", True),
     ("api.example.com:80", "api.example.com:0", False),
+    # an IPv6 host is an address however spelled (a review found these
+    # compared as text: another route, unlimited)
+    ("'[2001:db8::1]:8080'", "[2001:db8:0::1]:8080", True),
+    ("'[2001:db8::1]:8080'", "[2001:DB8::0.0.0.1]:08080", True),
+    ("'2001:db8::1'", "[2001:0db8::1]", True),
+    ("'[2001:db8::1]'", "[2001:db8::2]", False),
 ])
 def test_host_forms(start_daemon, want, host, matches):
     """A route's host and the request's compare as name and port: the

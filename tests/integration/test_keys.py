@@ -508,3 +508,17 @@ def test_ipv6_prefix_overrides_name_networks(start_daemon, tmp_path):
     assert ('warning: overrides: "2001:db8:9::5" applies to every address of '
             "2001:db8:9::/64 (client_ipv6_prefix: 64 counts them as one client)") in log
     assert "2001:db8:8::/64" not in log     # as the daemon writes it: no warning
+
+
+def test_ipv6_prefix_keeps_ipv4_written_in_ipv6_whole(start_daemon, redis_server):
+    """Behind a NAT64/SIIT translator every IPv4 client arrives as
+    64:ff9b::a.b.c.d: cut to a /64, the whole IPv4 internet was one client
+    (a review). Those, ::1 and link-local addresses stay whole."""
+    d = start_daemon(policy(route("ipk", "/ip/", "ip", limit=1),
+                            top="trusted_proxies: [127.0.0.1/32]\nclient_ipv6_prefix: 64\n"))
+    for ip in ("64:ff9b::198.51.100.1", "64:ff9b::203.0.113.9", "64:ff9b:1::a00:1",
+               "fe80::1", "fe80::2", "::1"):
+        r = check(d, "/check/ip/x", "GET", {"X-Forwarded-For": ip})
+        assert r.status_code == 200 and remaining(r) == 0, ip
+    r = vcheck(d, {"route": "ipk", "key": "64:ff9b::198.51.100.1"})
+    assert r.status_code == 429 and r.json()["key"] == "64:ff9b::c633:6401", r.text

@@ -1451,3 +1451,33 @@ def test_client_ipv6_prefix_under_32_is_warned(tmp_path):
     assert p.returncode == 0, p.stderr.decode()
     assert ("%s:9:21: warning: client_ipv6_prefix: 16 counts every address under one /16 "
             "as one client" % path) in p.stderr.decode()
+
+
+def test_client_ipv6_prefix_override_warnings_say_what_a_key_names(tmp_path):
+    """Under a prefix, an override key with bits past it (written bare or
+    with "/64") is warned as its whole network; a range of another length
+    gets advice in the prefix's terms; one address spelled twice is "the
+    same address" (a review found the first silent and the other two
+    worded for no prefix)."""
+    lines = variant(insert={16: [
+        '    overrides:',
+        '      - { keys: ["2001:db8:7::1/64", "2001:db8:8::/64", "2001:db8:6::/48"], '
+        'unlimited: true }']}) + ["client_ipv6_prefix: 64"]
+    path = write(tmp_path, lines)
+    p = validate(path)
+    assert p.returncode == 0, p.stderr.decode()
+    err = p.stderr.decode()
+    assert ('%s:17:18: warning: overrides: "2001:db8:7::1/64" applies to every address '
+            'of 2001:db8:7::/64 (client_ipv6_prefix: 64 counts them as one client)'
+            % path) in err, err
+    assert "2001:db8:8::/64" not in err, err
+    assert ('%s:17:57: warning: overrides: "2001:db8:6::/48" is a range, and a key is '
+            'one client: here an IPv6 client is a /64 network (client_ipv6_prefix), '
+            'written as its address and /64: list those' % path) in err, err
+    lines = variant(insert={16: [
+        '    overrides:',
+        '      - { keys: ["2001:db8::1"], unlimited: true }',
+        '      - { keys: ["2001:DB8::1"], unlimited: true }']}) + ["client_ipv6_prefix: 64"]
+    errs = run_bad(write(tmp_path, lines))
+    assert errs == [(18, 18, 'overrides: client key "2001:DB8::1" is already listed at '
+                     '17:18 (the same address); only its first override would apply')], errs

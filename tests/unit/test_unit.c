@@ -726,6 +726,34 @@ test_client_ip(void)
 	CHECK(policy_canonical_ip(128, "2001:db8::/128", 14, ip, sizeof(ip)) == -1);
 	CHECK(policy_canonical_ip(64, "10.1.2.3", 8, ip, sizeof(ip)) == 0);
 	CHECK_STR(ip, "10.1.2.3");
+	CHECK(policy_canonical_ip(64, " 2001:db8::/64\t", 15, ip, sizeof(ip)) == 0);
+	CHECK_STR(ip, "2001:db8::/64");
+	/* one host whatever the low bits say: an IPv4 host written in IPv6
+	 * (a /64 of NAT64's prefix is every IPv4 client of the translator),
+	 * ::1, link-local (every host of a link shares fe80::/64) */
+	{
+		static const char *const whole[] = {
+			"64:ff9b::c633:6401", "64:ff9b:1::a00:1", "::1", "::",
+			"::1.2.3.4", "::ffff:0:102:304", "fe80::1", "febf::1",
+		};
+
+		for (size_t i = 0; i < sizeof(whole) / sizeof(whole[0]); i++) {
+			const char *want = whole[i];
+
+			c->client_ipv6_prefix = 64;
+			policy_client_ip(c, "127.0.0.1", whole[i], NULL, ip, sizeof(ip));
+			CHECK_STR(ip, want);
+			CHECK(policy_canonical_ip(64, whole[i], strlen(whole[i]), ip,
+			    sizeof(ip)) == 0);
+			CHECK_STR(ip, want);
+		}
+	}
+	policy_client_ip(c, "127.0.0.1", "64:ff9b::198.51.100.1", NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "64:ff9b::c633:6401");
+	policy_client_ip(c, "127.0.0.1", "fec0::1", NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "fec0::/64");		/* past fe80::/10 */
+	CHECK(policy_canonical_ip(64, "64:ff9b::/64", 12, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip(64, "fe80::/64", 9, ip, sizeof(ip)) == -1);
 	config_unref(c);
 }
 
