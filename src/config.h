@@ -50,6 +50,7 @@ struct limit {
 	long long	 rate_n;	/* buckets: rate_n units ... */
 	long long	 rate_period_us; /* ... per this many microseconds */
 	int		 delay;		/* leaky_bucket: hold replies (shaping) */
+	unsigned	 metric_id;	/* its denials' series (metrics_show_policy) */
 };
 
 struct limit_set {

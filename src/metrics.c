@@ -35,6 +35,7 @@ typedef atomic_ullong counter_t;
 struct metrics {
 	struct metrics	*next;
 	counter_t	 checks[METRICS_ROUTES_MAX][RESULT_COUNT];
+	counter_t	 limit_denials[METRICS_LIMITS_MAX];
 	counter_t	 buckets[NBUCKETS + 1];	/* last is +Inf */
 	counter_t	 duration_ns_sum;
 	counter_t	 redis_errors[REDIS_ERROR_COUNT];
@@ -53,6 +54,25 @@ static counter_t metrics_reloads[2];
 static atomic_int metrics_last_reload_ok = 1;
 /* Per route id, the results shown at 0 (see metrics_show_routes). */
 static unsigned metrics_shown[METRICS_ROUTES_MAX];
+
+/*
+ * The (route, limit) names of ratelimitd_limit_denials_total, interned as
+ * route names are: a slot never moves. Each route's labels are chained
+ * from metrics_route_limits[route id], so interning a policy's limits
+ * looks at one route's few, not at all of them. Slot 0 is what a limit
+ * counts under past the table (and one no policy gave an id), shown as
+ * route and limit "(other)" once it counts.
+ */
+struct limit_label {
+	unsigned	 route_id;
+	char		*name;
+	unsigned	 next;		/* the route's next label, or 0 */
+};
+static struct limit_label metrics_limits[METRICS_LIMITS_MAX];
+static atomic_uint metrics_nlimits = 1;
+static unsigned metrics_route_limits[METRICS_ROUTES_MAX];
+static unsigned char metrics_limit_shown[METRICS_LIMITS_MAX];
+static int metrics_limits_full_said;
 
 /* Beside the results' bits in metrics_shown: the route holds replies
  * (shaping), for ratelimitd_route_info. */
@@ -168,6 +188,47 @@ route_shapes(const struct route *r)
 	return 0;
 }
 
+/* The id of a limit's denials series on a route; with metrics_lock held. */
+static unsigned
+limit_label_locked(unsigned route_id, const char *name)
+{
+	unsigned n = atomic_load(&metrics_nlimits);
+
+	for (unsigned id = metrics_route_limits[route_id]; id; id = metrics_limits[id].next)
+		if (strcmp(metrics_limits[id].name, name) == 0)
+			return id;
+	if (n == METRICS_LIMITS_MAX) {
+		if (!metrics_limits_full_said) {
+			metrics_limits_full_said = 1;
+			log_warnx("metrics: more than %d route and limit names since "
+			    "start; limits named from now on count their denials "
+			    "as route=\"%s\",limit=\"%s\" until a restart",
+			    METRICS_LIMITS_MAX - 1, METRICS_ROUTE_OTHER,
+			    METRICS_ROUTE_OTHER);
+		}
+		return 0;
+	}
+	metrics_limits[n].route_id = route_id;
+	metrics_limits[n].name = xstrdup(name);
+	metrics_limits[n].next = metrics_route_limits[route_id];
+	metrics_route_limits[route_id] = n;
+	atomic_store(&metrics_nlimits, n + 1);
+	return n;
+}
+
+/* Ids for a set's limits, shown from 0; with metrics_lock held. */
+static void
+show_limits_locked(unsigned route_id, struct limit_set *set)
+{
+	for (size_t j = 0; j < set->nlimits; j++) {
+		struct limit *l = &set->limits[j];
+
+		l->metric_id = limit_label_locked(route_id, l->name);
+		if (l->metric_id != 0)
+			metrics_limit_shown[l->metric_id] = 1;
+	}
+}
+
 void
 metrics_show_policy(struct config *c)
 {
@@ -185,6 +246,16 @@ metrics_show_policy(struct config *c)
 		    (route_shapes(r) ? METRICS_SHOWN_SHAPES : 0);
 	}
 	metrics_show_routes(ids, results, c->nroutes);
+	pthread_mutex_lock(&metrics_lock);
+	memset(metrics_limit_shown, 0, sizeof(metrics_limit_shown));
+	for (size_t i = 0; i < c->nroutes; i++) {
+		struct route *r = &c->routes[i];
+
+		show_limits_locked(ids[i], &r->limits);
+		for (size_t k = 0; k < r->noverrides; k++)
+			show_limits_locked(ids[i], &r->overrides[k].set);
+	}
+	pthread_mutex_unlock(&metrics_lock);
 	free(ids);
 	free(results);
 }
@@ -201,6 +272,12 @@ metrics_check(struct metrics *m, unsigned route_id, enum check_result r,
 		b++;
 	bump(&m->buckets[b], 1);
 	bump(&m->duration_ns_sum, duration_ns);
+}
+
+void
+metrics_limit_denied(struct metrics *m, unsigned limit_id)
+{
+	bump(&m->limit_denials[limit_id < METRICS_LIMITS_MAX ? limit_id : 0], 1);
 }
 
 void
@@ -304,7 +381,7 @@ metrics_render(struct evbuffer *out)
 	unsigned long long batch[NBATCH + 1] = { 0 }, batch_sum = 0;
 	long long in_flight = 0;
 	int least, nworkers = 0;
-	unsigned n = atomic_load(&metrics_nnames);
+	unsigned n = atomic_load(&metrics_nnames), nlimits;
 	struct metrics *m;
 
 	pthread_mutex_lock(&metrics_lock);
@@ -342,6 +419,24 @@ metrics_render(struct evbuffer *out)
 		    shown & (1u << RESULT_SHADOW_DENIED) ? "true" : "false",
 		    shown & (1u << RESULT_FAILED_CLOSED) ? "closed" : "open",
 		    shown & METRICS_SHOWN_SHAPES ? "true" : "false");
+	}
+	/* Which of a route's limits deny: a route with a burst and an
+	 * hourly limit says which one its denials come from. */
+	evbuffer_add_printf(out,
+	    "# HELP ratelimitd_limit_denials_total Denied checks (shadow ones "
+	    "included), by route and each limit that refused them.\n"
+	    "# TYPE ratelimitd_limit_denials_total counter\n");
+	nlimits = atomic_load(&metrics_nlimits);
+	for (unsigned id = 0; id < nlimits; id++) {
+		total = 0;
+		for (m = metrics_all; m; m = m->next)
+			total += load(&m->limit_denials[id]);
+		if (total == 0 && !metrics_limit_shown[id])
+			continue;
+		evbuffer_add_printf(out, "ratelimitd_limit_denials_total{route=\"%s\","
+		    "limit=\"%s\"} %llu\n", id ? metrics_names[metrics_limits[id].route_id] :
+		    METRICS_ROUTE_OTHER, id ? metrics_limits[id].name :
+		    METRICS_ROUTE_OTHER, total);
 	}
 	for (m = metrics_all; m; m = m->next) {
 		for (size_t b = 0; b <= NBUCKETS; b++)

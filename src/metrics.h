@@ -23,18 +23,23 @@ enum redis_error_kind {
 
 #define METRICS_ROUTES_MAX 1024	/* distinct route names ever seen */
 #define METRICS_ROUTE_OTHER "(other)"	/* the label past the table */
+#define METRICS_LIMITS_MAX 4096	/* distinct (route, limit) names ever seen */
 
 struct config;
 struct metrics;
 
 struct metrics *metrics_new(void);
 /* Gives each route of a loaded policy its label's id (route->metric_id,
- * stable across reloads by name) and shows the series of the results it
- * can have from 0, in place of the last policy's. Once per policy, before
- * a worker uses it. */
+ * stable across reloads by name), and each of its limits, its overrides'
+ * included, the id of its denials' series (limit->metric_id, by route and
+ * limit name); shows the series the policy can move from 0, in place of
+ * the last policy's. Once per policy, before a worker uses it. */
 void metrics_show_policy(struct config *config);
 void metrics_check(struct metrics *m, unsigned route_id, enum check_result r,
     uint64_t duration_ns);
+/* A check was denied (or, on a shadow route, would have been), and this
+ * limit (limit->metric_id) was one that refused it. */
+void metrics_limit_denied(struct metrics *m, unsigned limit_id);
 void metrics_redis_error(struct metrics *m, enum redis_error_kind kind);
 /* A script call carrying `checks` checks was sent. */
 void metrics_redis_call(struct metrics *m, size_t checks);

@@ -23,6 +23,7 @@ REQUIRED = {
     "ratelimitd_config_last_reload_successful": "gauge",
     "ratelimitd_route_info": "gauge",
     "ratelimitd_in_flight": "gauge",
+    "ratelimitd_limit_denials_total": "counter",
 }
 
 TWO_ROUTES = policy(
@@ -392,3 +393,42 @@ def test_route_info_names_the_routes_in_force(ops_daemon):
     d.write_policy(policy(route("lim", "/api/", fw(3))))
     assert wait_until(lambda: {l["route"] for n, l, v in scrape(d).samples
                                if n == "ratelimitd_route_info"} == {"lim"}, timeout=5)
+
+
+def limit_denials(m):
+    return {(l["route"], l["limit"]): v for n, l, v in m.samples
+            if n == "ratelimitd_limit_denials_total"}
+
+
+def test_limit_denials_say_which_limit_refused(ops_daemon):
+    """A route with a burst and an hourly limit: each denial counts under
+    every limit that refused it, so an operator sees which one denies.
+    Denials answered from the deny cache count too, shadow ones as well;
+    the limits in force (an override's included) show from 0, and after
+    a reload what was counted stays."""
+    d = ops_daemon(policy(
+        route("api", "/api/", fw(3, "burst") + ", " + fw(5, "hourly"),
+              extra="    overrides: [{keys: [vip], limits: [{name: vip, algorithm: "
+                    "fixed_window, limit: 1, window: 1h}]}]\n") +
+        route("sh", "/sh/", fw(1, "one"), extra="    shadow: true\n")))
+    assert limit_denials(scrape(d)) == {("api", "burst"): 0, ("api", "hourly"): 0,
+                                        ("api", "vip"): 0, ("sh", "one"): 0}
+    # k1: 3 pass, then 4 denied by burst alone (the later ones from the cache)
+    got = [check(d, "/check/api/x", headers={"X-Key": "k1"}).status_code for _ in range(7)]
+    assert got == [200] * 3 + [429] * 4
+    # k1 has 2 of its hour left and none of its burst: a cost of 3 is
+    # refused by both limits at once
+    r = vcheck(d, {"route": "api", "key": "k1", "cost": 3})
+    assert r.status_code == 429 and [l["allowed"] for l in r.json()["limits"]] == [False, False]
+    assert [vcheck(d, {"route": "api", "key": "vip"}).status_code for _ in range(2)] == [200, 429]
+    assert [check(d, "/check/sh/x", headers={"X-Key": "s"}).status_code
+            for _ in range(3)] == [200] * 3
+    m = scrape(d)
+    assert limit_denials(m) == {("api", "burst"): 5, ("api", "hourly"): 1,
+                                ("api", "vip"): 1, ("sh", "one"): 2}
+    assert m.checks("api", "denied") == 6 and m.checks("sh", "shadow_denied") == 2
+    d.write_policy(policy(route("api", "/api/", fw(3, "burst"))))
+    d.signal(signal.SIGHUP)
+    assert wait_until(lambda: "loaded, 1 route" in d.log(), timeout=5)
+    assert limit_denials(scrape(d)) == {("api", "burst"): 5, ("api", "hourly"): 1,
+                                        ("api", "vip"): 1, ("sh", "one"): 2}
