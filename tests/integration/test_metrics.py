@@ -432,3 +432,20 @@ def test_limit_denials_say_which_limit_refused(ops_daemon):
     assert wait_until(lambda: "loaded, 1 route" in d.log(), timeout=5)
     assert limit_denials(scrape(d)) == {("api", "burst"): 5, ("api", "hourly"): 1,
                                         ("api", "vip"): 1, ("sh", "one"): 2}
+
+
+def test_limit_names_past_the_label_table_count_as_other(ops_daemon):
+    """4095 (route, limit) names fit; the denials of limits named after
+    that count as route and limit "(other)", said once in the log."""
+    limits = ", ".join(fw(1, "l%d" % j) for j in range(14))
+    d = ops_daemon(policy("".join(route("r%d" % i, "/r%d/" % i, limits)
+                                  for i in range(300))))      # 4200 pairs
+    for path in ("/check/r0/x", "/check/r299/x"):
+        assert [check(d, path, headers={"X-Key": "k"}).status_code
+                for _ in range(2)] == [200, 429]
+    got = limit_denials(scrape(d))
+    assert got[("r0", "l0")] == 1 and got[("r0", "l13")] == 1
+    assert got[("(other)", "(other)")] == 14            # r299's are past the table
+    assert ("r299", "l0") not in got
+    assert len(got) == 4095 + 1
+    assert d.log().count('limit="(other)"') == 1, d.log()
