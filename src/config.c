@@ -2230,6 +2230,13 @@ warn_override_keys_unmatched(struct loader *ld, const struct route *r,
 				char advice[160] = "list its addresses";
 
 				if (range.family == AF_INET6 &&
+				    ld->client_ipv6_prefix < 128 &&
+				    range.bits == ld->client_ipv6_prefix)
+					snprintf(advice, sizeof(advice), "each of "
+					    "its addresses is a client whole (an "
+					    "IPv4 host written in IPv6, ::1, a "
+					    "link-local address): list them");
+				else if (range.family == AF_INET6 &&
 				    ld->client_ipv6_prefix < 128)
 					snprintf(advice, sizeof(advice), "here an "
 					    "IPv6 client is a /%d network "
@@ -2249,7 +2256,8 @@ warn_override_keys_unmatched(struct loader *ld, const struct route *r,
 			/* HTTP strips a header value's surrounding spaces and
 			 * tabs, and an address has none: such a key matched
 			 * nothing, silently. (A query value may carry them.) */
-			else if (*key != '\0' && (*key == ' ' || *key == '\t' ||
+			else if (!(by_ip && client) && *key != '\0' &&
+			    (*key == ' ' || *key == '\t' ||
 			    key[strlen(key) - 1] == ' ' || key[strlen(key) - 1] == '\t'))
 				warnf(ld, keys_nd->items[j], "overrides: \"%s\" begins "
 				    "or ends with a space or tab, which a header's value "

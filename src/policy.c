@@ -628,7 +628,7 @@ parse_ip(const char *s, size_t len, int *family, unsigned char addr[16])
 
 /*
  * Is this IPv6 address one host whatever its low bits say: an IPv4 host
- * written in IPv6 (v4-compatible, SIIT's ::ffff:0:0/96, NAT64's
+ * written in IPv6 (v4-compatible, SIIT's ::ffff:0:0:0/96, NAT64's
  * 64:ff9b::/96 and local-use 64:ff9b:1::/48, where a /64 would be every
  * IPv4 client of the translator), ::, ::1, or a link-local address
  * (every host of a link shares fe80::/64)?
@@ -644,6 +644,22 @@ whole_ipv6_host(const unsigned char a[16])
 	    (a[0] == 0xfe && (a[1] & 0xc0) == 0x80);
 }
 
+/* An IPv6 network as a client is written: its address cut to `bits`,
+ * then "/bits". */
+static int
+network_form(int bits, unsigned char addr[16], char *out, size_t size)
+{
+	size_t len;
+
+	for (int bit = bits; bit < 128; bit++)
+		addr[bit / 8] &= (unsigned char)~(0x80 >> (bit % 8));
+	if (inet_ntop(AF_INET6, addr, out, (socklen_t)size) == NULL)
+		return -1;
+	len = strlen(out);
+	return (size_t)snprintf(out + len, size - len, "/%d", bits) <
+	    size - len ? 0 : -1;
+}
+
 /* An address as the text that names its client: canonical, and an IPv6
  * one cut to its first ipv6_prefix bits with "/N" after it when that is
  * under 128 (one host's /64 is otherwise 2^64 clients, each with a fresh
@@ -654,17 +670,9 @@ static int
 client_form(int ipv6_prefix, int family, unsigned char addr[16], char *out,
     size_t size)
 {
-	size_t len;
-
 	if (family != AF_INET6 || ipv6_prefix >= 128 || whole_ipv6_host(addr))
 		return inet_ntop(family, addr, out, (socklen_t)size) ? 0 : -1;
-	for (int bit = ipv6_prefix; bit < 128; bit++)
-		addr[bit / 8] &= (unsigned char)~(0x80 >> (bit % 8));
-	if (inet_ntop(AF_INET6, addr, out, (socklen_t)size) == NULL)
-		return -1;
-	len = strlen(out);
-	return (size_t)snprintf(out + len, size - len, "/%d", ipv6_prefix) <
-	    size - len ? 0 : -1;
+	return network_form(ipv6_prefix, addr, out, size);
 }
 
 int
@@ -683,8 +691,10 @@ policy_canonical_ip(int ipv6_prefix, const char *s, size_t len, char *out,
 	while (len > 0 && (s[len - 1] == ' ' || s[len - 1] == '\t'))
 		len--;
 	/* "2001:db8:1:2::/64" is how such a client is written (in replies,
-	 * logs, an override key), and so names it too; another length, or
-	 * one after an address that is a client whole, names no client. */
+	 * logs, an override key), and so names it too; another length names
+	 * no client, nor does a network whose addresses are all clients
+	 * whole (fe80::/64). ::/64 does name the clients of it outside
+	 * ::/96. */
 	if (ipv6_prefix < 128 && (slash = memchr(s, '/', len)) != NULL) {
 		size_t n = len - (size_t)(slash - s) - 1;
 		int bits = 0;
@@ -696,11 +706,30 @@ policy_canonical_ip(int ipv6_prefix, const char *s, size_t len, char *out,
 				return -1;
 			bits = bits * 10 + (slash[i] - '0');
 		}
-		if (bits != ipv6_prefix || s[0] == '[' || parse_ip(s,
-		    (size_t)(slash - s), &family, addr) == -1 ||
-		    family != AF_INET6 || whole_ipv6_host(addr))
+		char text[INET6_ADDRSTRLEN];
+		size_t alen = (size_t)(slash - s);
+
+		while (alen > 0 && (s[alen - 1] == ' ' || s[alen - 1] == '\t'))
+			alen--;
+		/* inet_pton itself: parse_ip reads ::ffff:1.2.3.4 as IPv4,
+		 * and as a network it is ::/N. */
+		if (bits != ipv6_prefix || alen == 0 || alen >= sizeof(text) ||
+		    memchr(s, '\0', alen) != NULL)
 			return -1;
-		return client_form(ipv6_prefix, family, addr, out, size);
+		memcpy(text, s, alen);
+		text[alen] = '\0';
+		if (inet_pton(AF_INET6, text, addr) != 1)
+			return -1;
+		if (whole_ipv6_host(addr)) {
+			unsigned char last[16];
+
+			memcpy(last, addr, sizeof(last));
+			for (int bit = bits; bit < 128; bit++)
+				last[bit / 8] |= (unsigned char)(0x80 >> (bit % 8));
+			if (whole_ipv6_host(last))
+				return -1;
+		}
+		return network_form(ipv6_prefix, addr, out, size);
 	}
 	if (parse_ip(s, len, &family, addr) == -1)
 		return -1;

@@ -1474,6 +1474,22 @@ def test_client_ipv6_prefix_override_warnings_say_what_a_key_names(tmp_path):
     assert ('%s:17:57: warning: overrides: "2001:db8:6::/48" is a range, and a key is '
             'one client: here an IPv6 client is a /64 network (client_ipv6_prefix), '
             'written as its address and /64: list those' % path) in err, err
+    # "::/64" names the clients of ::/64 outside ::/96, and spaces around
+    # an address are no header value's (a review found both warned as
+    # naming no client); fe80::/64 does name none: its hosts are whole
+    lines = variant(insert={16: [
+        '    overrides:',
+        '      - { keys: ["::ffff:1.2.3.4/64", " 2001:db8:2::/64 ", "fe80::/64"], '
+        'unlimited: true }']}) + ["client_ipv6_prefix: 64"]
+    path = write(tmp_path, lines)
+    p = validate(path)
+    assert p.returncode == 0, p.stderr.decode()
+    assert p.stderr.decode().splitlines() == [
+        '%s:17:18: warning: overrides: "::ffff:1.2.3.4/64" applies to every address of '
+        '::/64 (client_ipv6_prefix: 64 counts them as one client)' % path,
+        '%s:17:60: warning: overrides: "fe80::/64" is a range, and a key is one client: '
+        'each of its addresses is a client whole (an IPv4 host written in IPv6, ::1, a '
+        'link-local address): list them' % path], p.stderr.decode()
     lines = variant(insert={16: [
         '    overrides:',
         '      - { keys: ["2001:db8::1"], unlimited: true }',

@@ -752,8 +752,16 @@ test_client_ip(void)
 	CHECK_STR(ip, "64:ff9b::c633:6401");
 	policy_client_ip(c, "127.0.0.1", "fec0::1", NULL, ip, sizeof(ip));
 	CHECK_STR(ip, "fec0::/64");		/* past fe80::/10 */
-	CHECK(policy_canonical_ip(64, "64:ff9b::/64", 12, ip, sizeof(ip)) == -1);
+	/* a network names its clients that are not whole hosts: ::/64 those
+	 * outside ::/96; one whose addresses all are names none */
+	CHECK(policy_canonical_ip(64, "64:ff9b::/64", 12, ip, sizeof(ip)) == 0);
+	CHECK_STR(ip, "64:ff9b::/64");
+	policy_client_ip(c, "127.0.0.1", "64:ff9b::1:0:0:5", NULL, ip, sizeof(ip));
+	CHECK_STR(ip, "64:ff9b::/64");
+	CHECK(policy_canonical_ip(64, "::ffff:1.2.3.4/64", 17, ip, sizeof(ip)) == 0);
+	CHECK_STR(ip, "::/64");
 	CHECK(policy_canonical_ip(64, "fe80::/64", 9, ip, sizeof(ip)) == -1);
+	CHECK(policy_canonical_ip(64, "64:ff9b:1::/64", 14, ip, sizeof(ip)) == -1);
 	config_unref(c);
 }
 
@@ -820,8 +828,8 @@ test_encode_and_build(void)
 	char out[LIMITER_CLIENT_MAX], big[300];
 	struct limiter_command cmd = { 0 };
 	struct limit l[2] = {
-		{ name_burst, ALGORITHM_TOKEN_BUCKET, 20, 0, 0, 10, 1000000, 0 },
-		{ name_hourly, ALGORITHM_FIXED_WINDOW, 1000, 3600000000LL, 0, 0, 0, 0 },
+		{ name_burst, ALGORITHM_TOKEN_BUCKET, 20, 0, 0, 10, 1000000, 0, 0 },
+		{ name_hourly, ALGORITHM_FIXED_WINDOW, 1000, 3600000000LL, 0, 0, 0, 0, 0 },
 	};
 	struct limit_set set = { l, 2, 0, 1000 }, other = { l + 1, 1, 0, 1000 };
 	unsigned char d[SHA256_DIGEST_LEN];
@@ -919,8 +927,8 @@ static void
 test_verdict_and_headers(void)
 {
 	struct limit l[2] = {
-		{ name_burst, ALGORITHM_TOKEN_BUCKET, 20, 0, 0, 10, 1000000, 0 },
-		{ name_hourly, ALGORITHM_FIXED_WINDOW, 1000, 3600000000LL, 0, 0, 0, 0 },
+		{ name_burst, ALGORITHM_TOKEN_BUCKET, 20, 0, 0, 10, 1000000, 0, 0 },
+		{ name_hourly, ALGORITHM_FIXED_WINDOW, 1000, 3600000000LL, 0, 0, 0, 0, 0 },
 	};
 	struct limit_set set = { l, 2, 0, 1000 };
 	struct limiter_headers h;
@@ -992,7 +1000,7 @@ test_verdict_and_headers(void)
 			names[i][CONFIG_NAME_MAX] = '\0';
 			names[i][0] = (char)('a' + i);
 			many[i] = (struct limit){ names[i], ALGORITHM_TOKEN_BUCKET,
-			    LLONG_MAX, 0, 0, 1, LLONG_MAX, 0 };
+			    LLONG_MAX, 0, 0, 1, LLONG_MAX, 0, 0 };
 		}
 		ints[0] = 0;
 		ints[1] = LLONG_MIN;
