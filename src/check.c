@@ -313,11 +313,11 @@ check_finish(struct check *ck, enum check_outcome outcome)
 		const struct verdict *v = &ck->ck_verdict;
 
 		limiter_format(ck->ck_set, v, c->ietf_headers, &h);
-		for (size_t i = 0; !v->allowed && i < v->n; i++)
-			if (!v->r[i].allowed)
-				metrics_limit_denied(w->w_metrics,
-				    ck->ck_set->limits[i].metric_id);
 		if (!v->allowed) {
+			for (size_t i = 0; i < v->n; i++)
+				if (!v->r[i].allowed)
+					metrics_limit_denied(w->w_metrics,
+					    ck->ck_set->limits[i].metric_id);
 			if (route->shadow)
 				result = RESULT_SHADOW_DENIED;
 			else {

@@ -2094,11 +2094,6 @@ mapping_get(const struct node *map, const char *name)
 	return NULL;
 }
 
-/* A key listed twice in a route's overrides (or an address spelled twice,
- * "::1" and "0:0:0:0:0:0:0:1", on a route keyed by ip): only its first
- * override would ever apply. Read from the nodes as written, so that it is
- * reported with whatever else is wrong in the route; an address is
- * compared as one when the route's keys were read (r->nkeys). */
 /* Two spellings of one address (or of the same non-address text). */
 static int
 same_address(const char *a, const char *b)
@@ -2117,18 +2112,19 @@ same_address(const char *a, const char *b)
 static int
 names_less_than_its_network(const char *key, const char *canon)
 {
-	char given[64], whole[64];
-	size_t n = strcspn(key, "/");
+	char whole[64];
+	size_t netlen = strcspn(canon, "/");
 
-	if (n >= sizeof(given))
-		return 0;
-	memcpy(given, key, n);
-	given[n] = '\0';
-	return policy_canonical_ip(128, given, n, whole, sizeof(whole)) == 0 &&
-	    (strncmp(whole, canon, strcspn(canon, "/")) != 0 ||
-	    whole[strcspn(canon, "/")] != '\0');
+	return policy_canonical_ip(128, key, strcspn(key, "/"), whole,
+	    sizeof(whole)) == 0 && (strlen(whole) != netlen ||
+	    memcmp(whole, canon, netlen) != 0);
 }
 
+/* A key listed twice in a route's overrides (or an address spelled twice,
+ * "::1" and "0:0:0:0:0:0:0:1", on a route keyed by ip): only its first
+ * override would ever apply. Read from the nodes as written, so that it is
+ * reported with whatever else is wrong in the route; an address is
+ * compared as one when the route's keys were read (r->nkeys). */
 static void
 check_override_keys_unique(struct loader *ld, const struct route *r,
     const struct node *route_nd)

@@ -132,6 +132,19 @@ policy_host_split(const char *s, struct host_parts *out)
 		out->namelen--;	/* a fully qualified name with its root dot */
 }
 
+/* s[0..len) as an IPv6 address, no brackets or port: 1 and addr, or 0. */
+static int
+ipv6_from_text(const char *s, size_t len, unsigned char addr[16])
+{
+	char text[INET6_ADDRSTRLEN];
+
+	if (len == 0 || len >= sizeof(text) || memchr(s, '\0', len) != NULL)
+		return 0;
+	memcpy(text, s, len);
+	text[len] = '\0';
+	return inet_pton(AF_INET6, text, addr) == 1;
+}
+
 /* The policy's host against the request's: names alike but for case,
  * brackets and a root dot; the port only when the policy names one, and
  * then as a number. The policy's has no leading zero; a request's may
@@ -146,14 +159,9 @@ host_matches(const struct host_parts *w, const struct host_parts *h)
 	if (w->is_v6) {
 		/* "[2001:db8:0::1]" is [2001:db8::1]: compared as text, a
 		 * client could step around the route by spelling. */
-		char text[INET6_ADDRSTRLEN];
 		unsigned char addr[16];
 
-		if (h->namelen >= sizeof(text))
-			return 0;
-		memcpy(text, h->name, h->namelen);
-		text[h->namelen] = '\0';
-		if (inet_pton(AF_INET6, text, addr) != 1 ||
+		if (!ipv6_from_text(h->name, h->namelen, addr) ||
 		    memcmp(addr, w->v6, sizeof(addr)) != 0)
 			return 0;
 	} else if (w->namelen != h->namelen ||
@@ -429,17 +437,10 @@ policy_prepare(struct config *config)
 		}
 		r->mixes_ip = ip && value;
 		if (r->host) {
-			char text[INET6_ADDRSTRLEN];
 			struct host_parts *hp = &r->host_parts;
 
 			policy_host_split(r->host, hp);
-			hp->is_v6 = 0;
-			if (hp->namelen < sizeof(text) &&
-			    memchr(hp->name, ':', hp->namelen) != NULL) {
-				memcpy(text, hp->name, hp->namelen);
-				text[hp->namelen] = '\0';
-				hp->is_v6 = inet_pton(AF_INET6, text, hp->v6) == 1;
-			}
+			hp->is_v6 = ipv6_from_text(hp->name, hp->namelen, hp->v6);
 		}
 		/* An address as an override key is compared in canonical
 		 * form, as the client IP is written: "2001:DB8::1" is
@@ -696,7 +697,7 @@ policy_canonical_ip(int ipv6_prefix, const char *s, size_t len, char *out,
 	 * whole (fe80::/64). ::/64 does name the clients of it outside
 	 * ::/96. */
 	if (ipv6_prefix < 128 && (slash = memchr(s, '/', len)) != NULL) {
-		size_t n = len - (size_t)(slash - s) - 1;
+		size_t n = len - (size_t)(slash - s) - 1, alen = (size_t)(slash - s);
 		int bits = 0;
 
 		if (n == 0 || n > 3 || slash[1] == '0')
@@ -706,19 +707,11 @@ policy_canonical_ip(int ipv6_prefix, const char *s, size_t len, char *out,
 				return -1;
 			bits = bits * 10 + (slash[i] - '0');
 		}
-		char text[INET6_ADDRSTRLEN];
-		size_t alen = (size_t)(slash - s);
-
 		while (alen > 0 && (s[alen - 1] == ' ' || s[alen - 1] == '\t'))
 			alen--;
-		/* inet_pton itself: parse_ip reads ::ffff:1.2.3.4 as IPv4,
-		 * and as a network it is ::/N. */
-		if (bits != ipv6_prefix || alen == 0 || alen >= sizeof(text) ||
-		    memchr(s, '\0', alen) != NULL)
-			return -1;
-		memcpy(text, s, alen);
-		text[alen] = '\0';
-		if (inet_pton(AF_INET6, text, addr) != 1)
+		/* Not parse_ip: it reads ::ffff:1.2.3.4 as IPv4, and as a
+		 * network it is ::/N. */
+		if (bits != ipv6_prefix || !ipv6_from_text(s, alen, addr))
 			return -1;
 		if (whole_ipv6_host(addr)) {
 			unsigned char last[16];
