@@ -23,16 +23,14 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "duration.h"
 #include "log.h"
 #include "policy.h"
 #include "rxcheck.h"
 #include "xmalloc.h"
 #include "yamldoc.h"
 
-#define US_PER_MS	1000LL
-#define US_PER_S	1000000LL
-#define DURATION_MAX_US	(366LL * 24 * 3600 * US_PER_S)	/* one year */
-#define QUOTA_MAX	1000000000000LL
+#define QUOTA_MAX	RATE_COUNT_MAX
 #define REGEX_MAX_LEN	4096
 #define LEAKY_HOLD_WARN_US (5 * US_PER_S)
 #define SLIDING_BUCKETS_MAX 1000	/* window/precision: bounds Redis memory */
@@ -373,213 +371,6 @@ get_bool(struct loader *ld, const struct node *nd, const char *key, int *out)
 	return -1;
 }
 
-/* Duration units, smallest first. */
-static const struct {
-	const char	*unit;
-	long long	 us;
-} duration_units[] = {
-	{ "ms", US_PER_MS }, { "s", US_PER_S }, { "m", 60 * US_PER_S },
-	{ "h", 3600 * US_PER_S }, { "d", 86400 * US_PER_S },
-};
-#define NUNITS	(sizeof(duration_units) / sizeof(duration_units[0]))
-
-/* The cause for a unit spelled out ("min", "seconds"), or NULL. */
-static const char *
-unit_spelled_out(const char *unit)
-{
-	static const struct {
-		const char *words, *cause;
-	} spelled[] = {
-		{ " ms msec msecs millisecond milliseconds millis ",
-		    "units are ms, s, m, h or d: ms for milliseconds" },
-		{ " sec secs second seconds ", "units are ms, s, m, h or d: s for seconds" },
-		{ " min mins minute minutes ", "units are ms, s, m, h or d: m for minutes" },
-		{ " hr hrs hour hours ", "units are ms, s, m, h or d: h for hours" },
-		{ " day days ", "units are ms, s, m, h or d: d for days" },
-	};
-	char word[16];
-	size_t n = strlen(unit);
-
-	if (n == 0 || n > sizeof(word) - 3)
-		return NULL;
-	word[0] = ' ';
-	for (size_t i = 0; i < n; i++) {
-		if (!isalpha((unsigned char)unit[i]))
-			return NULL;
-		word[i + 1] = (char)tolower((unsigned char)unit[i]);
-	}
-	word[n + 1] = ' ';
-	word[n + 2] = '\0';
-	for (size_t i = 0; i < sizeof(spelled) / sizeof(spelled[0]); i++)
-		if (strstr(spelled[i].words, word))
-			return spelled[i].cause;
-	return NULL;
-}
-
-/* Why unit is not one: in capitals ("M"), spelled out ("min"), or else
- * `unknown`. */
-static const char *
-bad_unit_cause(const char *unit, const char *unknown)
-{
-	const char *spelled;
-
-	for (size_t i = 0; i < NUNITS; i++)
-		if (strcasecmp(unit, duration_units[i].unit) == 0)
-			return "units are lower case: ms, s, m (minutes), h or d";
-	spelled = unit_spelled_out(unit);
-	return spelled ? spelled : unknown;
-}
-
-/* The cause for "1.5s": callers compare against it to add advice. */
-static const char duration_fraction[] =
-    "durations are whole numbers of a unit (ms, s, m, h or d)";
-
-int
-config_parse_duration(const char *s, long long *us, const char **cause)
-{
-	const char *p = s;
-	long long n = 0;
-
-	if (*p == '.') {
-		*cause = duration_fraction;
-		return -1;
-	}
-	if (!isdigit((unsigned char)*p)) {
-		*cause = "expected a duration such as 250ms, 1s, 10m, 1h or 1d";
-		return -1;
-	}
-	while (isdigit((unsigned char)*p)) {
-		n = n * 10 + (*p - '0');
-		if (n > DURATION_MAX_US) {
-			*cause = "duration is too long (at most 366d)";
-			return -1;
-		}
-		p++;
-	}
-	if (*p == '.') {
-		*cause = duration_fraction;
-		return -1;
-	}
-	for (size_t i = 0; i < NUNITS; i++) {
-		if (strcmp(p, duration_units[i].unit) == 0) {
-			if (n > DURATION_MAX_US / duration_units[i].us) {
-				*cause = "duration is too long (at most 366d)";
-				return -1;
-			}
-			*us = n * duration_units[i].us;
-			if (*us == 0) {
-				*cause = "duration must be greater than zero";
-				return -1;
-			}
-			return 0;
-		}
-	}
-	*cause = *p == '\0' ? "duration needs a unit: ms, s, m, h or d" :
-	    *p == ' ' || *p == '\t' ? "no space between a duration's number "
-	    "and its unit: 1s, not 1 s" :
-	    /* 1h30m, 0x10s, 1e3ms: not the unit's fault */
-	    strpbrk(p, "0123456789") ? "a duration is one decimal number and "
-	    "one unit: 90m, not 1h30m; 1000ms, not 1e3ms" :
-	    bad_unit_cause(p, "unknown duration unit (use ms, s, m, h or d)");
-	return -1;
-}
-
-int
-config_parse_rate(const char *s, long long *n, long long *period_us,
-    const char **cause)
-{
-	const char *slash = strchr(s, '/');
-	char *end, unit[32];
-
-	if (slash == NULL || slash == s) {
-		*cause = "expected a rate such as \"10/s\", \"600/m\" or \"5/10s\"";
-		return -1;
-	}
-	errno = 0;
-	*n = strtoll(s, &end, 10);
-	if (end != slash || errno != 0 || !isdigit((unsigned char)*s) ||
-	    *n < 1 || *n > QUOTA_MAX) {
-		*cause = "rate count must be an integer from 1 to 10^12";
-		return -1;
-	}
-	slash++;
-	if (*slash == '\0') {
-		*cause = "rate needs a period after its \"/\": \"10/s\" or \"5/10s\"";
-		return -1;
-	}
-	if (strchr(slash, '/') != NULL) {
-		*cause = "a rate has one \"/\": \"10/s\" or \"5/10s\"";
-		return -1;
-	}
-	if (isdigit((unsigned char)*slash) || *slash == '.')
-		return config_parse_duration(slash, period_us, cause);
-	if (*slash == '-' || *slash == '+') {
-		*cause = "a rate's period is a duration with no sign: \"5/10s\"";
-		return -1;
-	}
-	/* A bare unit means one of it: "10/s" is "10/1s". */
-	if (strlen(slash) >= sizeof(unit) - 1) {
-		*cause = "unknown rate unit (use ms, s, m, h or d)";
-		return -1;
-	}
-	snprintf(unit, sizeof(unit), "1%s", slash);
-	if (config_parse_duration(unit, period_us, cause) == -1) {
-		*cause = *slash == ' ' ? "no space after a rate's \"/\": \"10/s\"" :
-		    bad_unit_cause(slash, "unknown rate unit (use ms, s, m, h or d)");
-		return -1;
-	}
-	return 0;
-}
-
-/*
- * Advice after duration_fraction for the duration text s ("1.5s"), into
- * buf: the same time as a whole number of the largest unit that fits,
- * written as a rate "count/..." when count >= 0, or else an example.
- */
-static const char *
-fraction_advice(char *buf, size_t size, const char *s, long long count)
-{
-	long long whole = 0, frac = 0, scale = 1, unit = 0, us;
-	const char *p = s;
-	size_t i;
-
-	snprintf(buf, size, ", such as 1500ms");
-	for (; isdigit((unsigned char)*p) && whole <= DURATION_MAX_US; p++)
-		whole = whole * 10 + (*p - '0');
-	if (*p++ != '.' || !isdigit((unsigned char)*p))
-		return buf;
-	/* six digits keep frac * unit within 64 bits */
-	for (; isdigit((unsigned char)*p) && scale < 1000000; p++) {
-		frac = frac * 10 + (*p - '0');
-		scale *= 10;
-	}
-	for (i = 0; i < NUNITS; i++)
-		if (strcmp(p, duration_units[i].unit) == 0)
-			unit = duration_units[i].us;
-	if (unit == 0 || whole > DURATION_MAX_US / unit)
-		return buf;
-	us = whole * unit + frac * unit / scale;
-	if (us > DURATION_MAX_US)
-		return buf;
-	if (us == 0) {
-		snprintf(buf, size, ", greater than zero");
-		return buf;
-	}
-	if (frac * unit % scale != 0 || us % US_PER_MS != 0) {
-		snprintf(buf, size, ", and 1ms is the smallest");
-		return buf;
-	}
-	for (i = NUNITS; us % duration_units[i - 1].us != 0; i--)
-		;
-	if (count >= 0)
-		snprintf(buf, size, "; write \"%lld/%lld%s\"", count,
-		    us / duration_units[i - 1].us, duration_units[i - 1].unit);
-	else
-		snprintf(buf, size, "; write %lld%s", us / duration_units[i - 1].us,
-		    duration_units[i - 1].unit);
-	return buf;
-}
-
 static int
 get_duration(struct loader *ld, const struct node *nd, const char *key,
     long long *out)
@@ -589,10 +380,10 @@ get_duration(struct loader *ld, const struct node *nd, const char *key,
 
 	if (want_scalar(ld, nd, key) == -1)
 		return -1;
-	if (config_parse_duration(nd->value, out, &cause) == -1) {
+	if (duration_parse(nd->value, out, &cause) == -1) {
 		node_error(ld, nd, "%s: \"%s\": %s%s", key, echo(ld, nd->value), cause,
-		    cause == duration_fraction ? fraction_advice(advice,
-		    sizeof(advice), nd->value, -1) : "");
+		    duration_cause_is_fraction(cause) ? duration_fraction_advice(
+		    advice, sizeof(advice), nd->value, -1) : "");
 		return -1;
 	}
 	return 0;
@@ -1302,13 +1093,13 @@ limit_finish(struct loader *ld, struct limit_draft *d)
 		if (d->rate_nd) {
 			if (want_scalar(ld, d->rate_nd, "rate") == -1)
 				bad = 1;
-			else if (config_parse_rate(d->rate_nd->value, &l->rate_n,
+			else if (rate_parse(d->rate_nd->value, &l->rate_n,
 			    &l->rate_period_us, &cause) == -1) {
 				char advice[64] = "";
 
 				/* the count parsed (into rate_n) before the period */
-				if (cause == duration_fraction)
-					fraction_advice(advice, sizeof(advice),
+				if (duration_cause_is_fraction(cause))
+					duration_fraction_advice(advice, sizeof(advice),
 					    strchr(d->rate_nd->value, '/') + 1,
 					    l->rate_n);
 				node_error(ld, d->rate_nd, "rate: \"%s\": %s%s",
@@ -2918,201 +2709,4 @@ int
 config_route_deny_status(const struct config *config, const struct route *route)
 {
 	return route->deny_status ? route->deny_status : config->deny_status;
-}
-
-/* --- JSON view ---------------------------------------------------------- */
-
-/* In the largest unit that states it whole, as a user writes it: 1m, not
- * 60s, so /v1/policy reads like the file. */
-static json_t *
-duration_json(long long us)
-{
-	char buf[32];
-	size_t n;
-
-	if (us == 0)
-		return json_string("0s");
-	for (size_t i = NUNITS; i-- > 0;)	/* the table runs ms to d */
-		if (us % duration_units[i].us == 0) {
-			snprintf(buf, sizeof(buf), "%lld%s", us / duration_units[i].us,
-			    duration_units[i].unit);
-			return json_string(buf);
-		}
-	/* a default precision, window/10, of a window that is not a multiple
-	 * of 10ms: 1001ms gives 100.1ms, as in force */
-	n = (size_t)snprintf(buf, sizeof(buf), "%lld.%03lld", us / US_PER_MS,
-	    us % US_PER_MS);
-	while (buf[n - 1] == '0')
-		buf[--n] = '\0';
-	strcat(buf, "ms");
-	return json_string(buf);
-}
-
-static json_t *
-limits_json(const struct limit_set *set)
-{
-	json_t *arr = json_array();
-
-	for (size_t i = 0; i < set->nlimits; i++) {
-		const struct limit *l = &set->limits[i];
-		json_t *o = json_object();
-
-		json_object_set_new(o, "name", json_string(l->name));
-		json_object_set_new(o, "algorithm", json_string(algorithm_names[l->algorithm]));
-		if (config_algorithm_is_bucket(l->algorithm)) {
-			json_t *period = duration_json(l->rate_period_us);
-			const char *per = json_string_value(period);
-			char rate[64];
-
-			/* "10/s", as SPEC writes it, rather than "10/1s" */
-			snprintf(rate, sizeof(rate), "%lld/%s", l->rate_n,
-			    per[0] == '1' && !isdigit((unsigned char)per[1]) ?
-			    per + 1 : per);
-			json_decref(period);
-			json_object_set_new(o, "burst", json_integer(l->quota));
-			json_object_set_new(o, "rate", json_string(rate));
-			if (l->algorithm == ALGORITHM_LEAKY_BUCKET)
-				json_object_set_new(o, "delay", json_boolean(l->delay));
-		} else {
-			json_object_set_new(o, "limit", json_integer(l->quota));
-			json_object_set_new(o, "window", duration_json(l->window_us));
-			if (l->algorithm == ALGORITHM_SLIDING_WINDOW_COUNTER)
-				json_object_set_new(o, "precision",
-				    duration_json(l->precision_us));
-		}
-		json_array_append_new(arr, o);
-	}
-	return arr;
-}
-
-static json_t *
-key_source_json(const struct key_source *k)
-{
-	static const char *const prefixes[] = { "ip", "header:", "query:", "cookie:", "global" };
-	/* A name has no length limit: a fixed buffer cut long ones, and
-	 * json_string refused one cut inside a UTF-8 character, dropping it. */
-	char *text = xasprintf("%s%s", prefixes[k->type], k->name ? k->name : "");
-	json_t *j = json_string(text);
-
-	free(text);
-	return j;
-}
-
-json_t *
-config_to_json(const struct config *c)
-{
-	static const char *const path_kinds[] = { NULL, "path", "prefix", "regex" };
-	static const char *const levels[] = { "error", "warn", "info", "debug" };
-	json_t *root = json_object(), *server = json_object(), *redis = json_object();
-	json_t *proxies = json_array(), *routes = json_array(), *log = json_object();
-	char buf[300];
-
-	json_object_set_new(server, "listen", json_string(c->listen));
-	/* What is in force: "auto" is shown as the threads it became. */
-	json_object_set_new(server, "workers", json_integer(c->workers_running ?
-	    c->workers_running : c->workers));
-	if (c->workers == 0)
-		json_object_set_new(server, "workers_auto", json_true());
-	json_object_set_new(server, "deny_status", json_integer(c->deny_status));
-	json_object_set_new(server, "ietf_headers", json_boolean(c->ietf_headers));
-	json_object_set_new(server, "idle_timeout", duration_json(c->idle_timeout_us));
-	json_object_set_new(server, "drain_timeout", duration_json(c->drain_timeout_us));
-	json_object_set_new(server, "max_connections", json_integer(c->max_connections));
-	json_object_set_new(root, "server", server);
-
-	json_object_set_new(redis, "address", json_string(c->redis_address));
-	json_object_set_new(redis, "database", json_integer(c->redis_database));
-	json_object_set_new(redis, "username", c->redis_username ?
-	    json_string(c->redis_username) : json_null());
-	json_object_set_new(redis, "password_env", c->redis_password_env ?
-	    json_string(c->redis_password_env) : json_null());
-	json_object_set_new(redis, "password_set", json_boolean(c->redis_password != NULL));
-	json_object_set_new(redis, "timeout", duration_json(c->redis_timeout_us));
-	json_object_set_new(redis, "connect_timeout",
-	    duration_json(c->redis_connect_timeout_us));
-	json_object_set_new(redis, "max_batch", json_integer(c->redis_max_batch));
-	json_object_set_new(redis, "key_prefix", json_string(c->key_prefix));
-	json_object_set_new(root, "redis", redis);
-
-	json_object_set_new(root, "failure_mode", json_string(
-	    c->failure_mode == FAILURE_MODE_CLOSED ? "closed" : "open"));
-	for (size_t i = 0; i < c->ntrusted_proxies; i++) {
-		const struct cidr *p = &c->trusted_proxies[i];
-		char addr[INET6_ADDRSTRLEN];
-
-		inet_ntop(p->family, p->addr, addr, sizeof(addr));
-		snprintf(buf, sizeof(buf), "%s/%d", addr, p->bits);
-		json_array_append_new(proxies, json_string(buf));
-	}
-	json_object_set_new(root, "trusted_proxies", proxies);
-	json_object_set_new(root, "client_ipv6_prefix",
-	    json_integer(c->client_ipv6_prefix));
-	json_object_set_new(log, "level", json_string(levels[c->log_level]));
-	json_object_set_new(log, "format", json_string(c->log_format ? "json" : "text"));
-	json_object_set_new(log, "access", json_boolean(c->log_access));
-	json_object_set_new(root, "log", log);
-
-	for (size_t i = 0; i < c->nroutes; i++) {
-		const struct route *r = &c->routes[i];
-		json_t *o = json_object(), *match = json_object(), *keys = json_array();
-
-		json_object_set_new(o, "name", json_string(r->name));
-		if (r->path_kind != PATH_ANY)
-			json_object_set_new(match, path_kinds[r->path_kind],
-			    json_string(r->path));
-		if (r->nmethods) {
-			json_t *m = json_array();
-
-			for (size_t j = 0; j < r->nmethods; j++)
-				json_array_append_new(m, json_string(r->methods[j]));
-			json_object_set_new(match, "methods", m);
-		}
-		if (r->host)
-			json_object_set_new(match, "host", json_string(r->host));
-		json_object_set_new(o, "match", match);
-		for (size_t j = 0; j < r->nkeys; j++)
-			json_array_append_new(keys, key_source_json(&r->keys[j]));
-		json_object_set_new(o, "key", keys);
-		json_object_set_new(o, "missing_key", json_string(
-		    r->missing_key_allow ? "allow" : "deny"));
-		json_object_set_new(o, "deny_status",
-		    json_integer(config_route_deny_status(c, r)));
-		json_object_set_new(o, "failure_mode", json_string(
-		    config_route_failure_mode(c, r) == FAILURE_MODE_CLOSED ?
-		    "closed" : "open"));
-		json_object_set_new(o, "shadow", json_boolean(r->shadow));
-		json_object_set_new(o, "limits", limits_json(&r->limits));
-		if (r->noverrides) {
-			json_t *ovs = json_array();
-
-			for (size_t j = 0; j < r->noverrides; j++) {
-				const struct override *ov = &r->overrides[j];
-				json_t *oo = json_object(), *ks = json_array();
-
-				for (size_t k = 0; k < ov->nkeys; k++)
-					json_array_append_new(ks, json_string(ov->keys[k]));
-				json_object_set_new(oo, "keys", ks);
-				if (ov->set.unlimited)
-					json_object_set_new(oo, "unlimited", json_true());
-				else
-					json_object_set_new(oo, "limits", limits_json(&ov->set));
-				json_array_append_new(ovs, oo);
-			}
-			json_object_set_new(o, "overrides", ovs);
-		}
-		json_array_append_new(routes, o);
-	}
-	json_object_set_new(root, "routes", routes);
-	return root;
-}
-
-void
-config_render_json(struct config *c)
-{
-	json_t *o = config_to_json(c);
-
-	free(c->json);
-	c->json = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
-	c->json_len = c->json ? strlen(c->json) : 0;
-	json_decref(o);
 }

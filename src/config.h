@@ -11,7 +11,6 @@
 #include <stddef.h>
 #include <string.h>
 
-#include <jansson.h>
 
 #define CONFIG_LIMITS_MAX	16	/* limits on one route (one script call) */
 /* Checks one script call may carry: a call blocks Redis for its whole run
@@ -226,11 +225,6 @@ void config_defer_free(void (*wake)(void *), void *arg);
 void config_free_released(void);
 void config_errors_free(struct config_errors *errors);
 
-/* The policy in force as JSON, secrets omitted (GET /v1/policy). */
-json_t *config_to_json(const struct config *config);
-/* Sets config->json from config_to_json, once the policy is final. */
-void config_render_json(struct config *config);
-
 const char *config_algorithm_name(enum algorithm algorithm);
 int config_algorithm_is_bucket(enum algorithm algorithm);
 /* Seconds shown as the IETF `w` parameter: the window, or burst/rate. */
@@ -240,9 +234,6 @@ enum failure_mode config_route_failure_mode(const struct config *config,
 int config_route_deny_status(const struct config *config, const struct route *route);
 
 /* Pure parsers, exposed for the unit tests. Return 0 or -1 with *cause. */
-int config_parse_duration(const char *s, long long *us, const char **cause);
-int config_parse_rate(const char *s, long long *n, long long *period_us,
-    const char **cause);
 int config_parse_cidr(const char *s, struct cidr *out);
 /* Is s an HTTP token (RFC 9110 5.6.2), as a method or header name is? */
 int config_token_ok(const char *s);

@@ -9,6 +9,7 @@
  * their SHA-256, a form the encoding never produces.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fmt.h"

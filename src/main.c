@@ -34,6 +34,7 @@
 
 #include "clock.h"
 #include "config.h"
+#include "config_json.h"
 #include "log.h"
 #include "metrics.h"
 #include "policy.h"

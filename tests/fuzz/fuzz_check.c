@@ -35,6 +35,7 @@
 #include <event2/thread.h>
 
 #include "config.h"
+#include "config_json.h"
 #include "log.h"
 #include "metrics.h"
 #include "policy.h"

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "config_json.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -19,6 +19,7 @@
 #include "chunked.h"
 #include "config.h"
 #include "denycache.h"
+#include "duration.h"
 #include "fmt.h"
 #include "limiter.h"
 #include "policy.h"
@@ -112,71 +113,106 @@ test_durations(void)
 {
 	long long us, n, p;
 	const char *cause;
+	char buf[64];
 
-	CHECK(config_parse_duration("250ms", &us, &cause) == 0 && us == 250000);
-	CHECK(config_parse_duration("1s", &us, &cause) == 0 && us == 1000000);
-	CHECK(config_parse_duration("10m", &us, &cause) == 0 && us == 600000000);
-	CHECK(config_parse_duration("1h", &us, &cause) == 0 && us == 3600000000LL);
-	CHECK(config_parse_duration("2d", &us, &cause) == 0 && us == 172800000000LL);
-	CHECK(config_parse_duration("10x", &us, &cause) == -1);
-	CHECK(config_parse_duration("10", &us, &cause) == -1);
-	CHECK(config_parse_duration("s", &us, &cause) == -1);
-	CHECK(config_parse_duration("0s", &us, &cause) == -1);
-	CHECK(config_parse_duration("-1s", &us, &cause) == -1);
-	CHECK(config_parse_duration("1.5s", &us, &cause) == -1 &&
+	CHECK(duration_parse("250ms", &us, &cause) == 0 && us == 250000);
+	CHECK(duration_parse("1s", &us, &cause) == 0 && us == 1000000);
+	CHECK(duration_parse("10m", &us, &cause) == 0 && us == 600000000);
+	CHECK(duration_parse("1h", &us, &cause) == 0 && us == 3600000000LL);
+	CHECK(duration_parse("2d", &us, &cause) == 0 && us == 172800000000LL);
+	CHECK(duration_parse("10x", &us, &cause) == -1);
+	CHECK(duration_parse("10", &us, &cause) == -1);
+	CHECK(duration_parse("s", &us, &cause) == -1);
+	CHECK(duration_parse("0s", &us, &cause) == -1);
+	CHECK(duration_parse("-1s", &us, &cause) == -1);
+	CHECK(duration_parse("1.5s", &us, &cause) == -1 &&
 	    strstr(cause, "whole numbers") != NULL);
-	CHECK(config_parse_duration(".5s", &us, &cause) == -1 &&
+	CHECK(duration_parse(".5s", &us, &cause) == -1 &&
 	    strstr(cause, "whole numbers") != NULL);
-	CHECK(config_parse_rate("10/1.5s", &n, &p, &cause) == -1 &&
+	CHECK(rate_parse("10/1.5s", &n, &p, &cause) == -1 &&
 	    strstr(cause, "whole numbers") != NULL);
-	CHECK(config_parse_rate("10/.5s", &n, &p, &cause) == -1 &&
+	CHECK(rate_parse("10/.5s", &n, &p, &cause) == -1 &&
 	    strstr(cause, "whole numbers") != NULL);
-	CHECK(config_parse_duration("99999999999999999999d", &us, &cause) == -1);
-	CHECK(config_parse_rate("10/s", &n, &p, &cause) == 0 && n == 10 && p == 1000000);
-	CHECK(config_parse_rate("600/m", &n, &p, &cause) == 0 && n == 600 && p == 60000000);
-	CHECK(config_parse_rate("5/10s", &n, &p, &cause) == 0 && n == 5 && p == 10000000);
-	CHECK(config_parse_rate("1/250ms", &n, &p, &cause) == 0 && n == 1 && p == 250000);
-	CHECK(config_parse_rate("10", &n, &p, &cause) == -1);
-	CHECK(config_parse_rate("0/s", &n, &p, &cause) == -1);
-	CHECK(config_parse_rate("/s", &n, &p, &cause) == -1);
-	CHECK(config_parse_rate("10/x", &n, &p, &cause) == -1);
-	CHECK(config_parse_rate("a/s", &n, &p, &cause) == -1);
+	CHECK(duration_parse("99999999999999999999d", &us, &cause) == -1);
+	CHECK(rate_parse("10/s", &n, &p, &cause) == 0 && n == 10 && p == 1000000);
+	CHECK(rate_parse("600/m", &n, &p, &cause) == 0 && n == 600 && p == 60000000);
+	CHECK(rate_parse("5/10s", &n, &p, &cause) == 0 && n == 5 && p == 10000000);
+	CHECK(rate_parse("1/250ms", &n, &p, &cause) == 0 && n == 1 && p == 250000);
+	CHECK(rate_parse("10", &n, &p, &cause) == -1);
+	CHECK(rate_parse("0/s", &n, &p, &cause) == -1);
+	CHECK(rate_parse("/s", &n, &p, &cause) == -1);
+	CHECK(rate_parse("10/x", &n, &p, &cause) == -1);
+	CHECK(rate_parse("a/s", &n, &p, &cause) == -1);
 	/* The cause names the mistake, not just "unknown unit". */
-	CHECK(config_parse_duration("1 s", &us, &cause) == -1 &&
+	CHECK(duration_parse("1 s", &us, &cause) == -1 &&
 	    strcmp(cause, "no space between a duration's number and its unit: "
 	    "1s, not 1 s") == 0);
-	CHECK(config_parse_duration("1M", &us, &cause) == -1 &&
+	CHECK(duration_parse("1M", &us, &cause) == -1 &&
 	    strcmp(cause, "units are lower case: ms, s, m (minutes), h or d") == 0);
-	CHECK(config_parse_rate("10/S", &n, &p, &cause) == -1 &&
+	CHECK(rate_parse("10/S", &n, &p, &cause) == -1 &&
 	    strcmp(cause, "units are lower case: ms, s, m (minutes), h or d") == 0);
-	CHECK(config_parse_rate("10/", &n, &p, &cause) == -1 &&
+	CHECK(rate_parse("10/", &n, &p, &cause) == -1 &&
 	    strcmp(cause, "rate needs a period after its \"/\": \"10/s\" or "
 	    "\"5/10s\"") == 0);
-	CHECK(config_parse_rate("10/s/2", &n, &p, &cause) == -1 &&
+	CHECK(rate_parse("10/s/2", &n, &p, &cause) == -1 &&
 	    strcmp(cause, "a rate has one \"/\": \"10/s\" or \"5/10s\"") == 0);
-	CHECK(config_parse_rate("10/ s", &n, &p, &cause) == -1 &&
+	CHECK(rate_parse("10/ s", &n, &p, &cause) == -1 &&
 	    strcmp(cause, "no space after a rate's \"/\": \"10/s\"") == 0);
-	CHECK(config_parse_rate("10/min", &n, &p, &cause) == -1 &&
+	CHECK(rate_parse("10/min", &n, &p, &cause) == -1 &&
 	    strcmp(cause, "units are ms, s, m, h or d: m for minutes") == 0);
-	CHECK(config_parse_duration("2Days", &us, &cause) == -1 &&
+	CHECK(duration_parse("2Days", &us, &cause) == -1 &&
 	    strcmp(cause, "units are ms, s, m, h or d: d for days") == 0);
 	/* Not the unit's fault (an audit saw "unknown duration unit"). */
 	for (const char *const *d = (const char *const[]){ "1h30m", "1d1h",
 	    "0x10s", "1e3ms", NULL }; *d; d++)
-		CHECK(config_parse_duration(*d, &us, &cause) == -1 &&
+		CHECK(duration_parse(*d, &us, &cause) == -1 &&
 		    strcmp(cause, "a duration is one decimal number and one "
 		    "unit: 90m, not 1h30m; 1000ms, not 1e3ms") == 0);
-	CHECK(config_parse_rate("10/1h30m", &n, &p, &cause) == -1 &&
+	CHECK(rate_parse("10/1h30m", &n, &p, &cause) == -1 &&
 	    strstr(cause, "not 1h30m") != NULL);
-	CHECK(config_parse_rate("10/-1s", &n, &p, &cause) == -1 &&
+	CHECK(rate_parse("10/-1s", &n, &p, &cause) == -1 &&
 	    strcmp(cause, "a rate's period is a duration with no sign: "
 	    "\"5/10s\"") == 0);
-	CHECK(config_parse_rate("10/+s", &n, &p, &cause) == -1 &&
+	CHECK(rate_parse("10/+s", &n, &p, &cause) == -1 &&
 	    strstr(cause, "no sign") != NULL);
-	CHECK(config_parse_duration("30sec", &us, &cause) == -1 &&
+	CHECK(duration_parse("30sec", &us, &cause) == -1 &&
 	    strcmp(cause, "units are ms, s, m, h or d: s for seconds") == 0);
-	CHECK(config_parse_rate("10/fortnight", &n, &p, &cause) == -1 &&
+	CHECK(rate_parse("10/fortnight", &n, &p, &cause) == -1 &&
 	    strcmp(cause, "unknown rate unit (use ms, s, m, h or d)") == 0);
+	CHECK(duration_parse("1.5s", &us, &cause) == -1 &&
+	    duration_cause_is_fraction(cause));
+	CHECK(strcmp(duration_fraction_advice(buf, sizeof(buf), "1.5s", -1),
+	    "; write 1500ms") == 0);
+	CHECK(strcmp(duration_fraction_advice(buf, sizeof(buf), "0.5m", 10),
+	    "; write \"10/30s\"") == 0);
+	CHECK(strcmp(duration_fraction_advice(buf, sizeof(buf), "0.0001s", -1),
+	    ", and 1ms is the smallest") == 0);
+}
+
+/* The largest unit that states a duration whole, as /v1/policy shows it. */
+static void
+test_duration_format(void)
+{
+	static const struct {
+		long long us;
+		const char *text;
+	} cases[] = {
+		{ 0, "0s" }, { 1000, "1ms" }, { 1500000, "1500ms" },
+		{ 60000000, "1m" }, { 90000000, "90s" }, { 3600000000LL, "1h" },
+		{ 86400000000LL, "1d" }, { 100100, "100.1ms" }, { 250, "0.25ms" },
+		{ DURATION_MAX_US, "366d" },
+	};
+	char buf[32], tiny[4];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		duration_format(cases[i].us, buf, sizeof(buf));
+		if (strcmp(buf, cases[i].text) != 0)
+			fprintf(stderr, "    %lld us: got %s, want %s\n", cases[i].us,
+			    buf, cases[i].text);
+		CHECK(strcmp(buf, cases[i].text) == 0);
+	}
+	duration_format(100100, tiny, sizeof(tiny));	/* cut, still a string */
+	CHECK(strlen(tiny) < sizeof(tiny));
 }
 
 static void
@@ -1245,6 +1281,7 @@ static const struct {
 	void (*fn)(void);
 } tests[] = {
 	{ "durations and rates", test_durations },
+	{ "durations written back", test_duration_format },
 	{ "cidr", test_cidr },
 	{ "policy: a good file", test_config_good },
 	{ "policy: errors with positions", test_config_errors },
