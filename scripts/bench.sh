@@ -18,6 +18,11 @@
 #             fw2   fw again, to show whether RSS grows across runs
 #             fw-single  fw on a second daemon with redis.max_batch: 1 (one
 #                   script call per check), to show what batching buys
+#   peer      fw     the fw load against a Node.js sidecar on
+#                    rate-limiter-flexible (scripts/bench/peer/), with as
+#                    many processes as server.workers: a peer in another
+#                    language, beside the same ceilings (needs node and npm;
+#                    its packages are installed into build/bench-peer)
 #   for each server.workers value in BENCH_WORKERS, and the checks per
 #   EVALSHA during fw (Redis INFO commandstats against the daemon's counts).
 #
@@ -32,6 +37,7 @@
 #   BENCH_WORKERS   server.workers values to measure (default "1 2")
 #   BENCH_ONLY      all | ceilings | daemon (default all)
 #   BENCH_NO_MAKE   1 = do not run make (use what is in build/)
+#   BENCH_PEER      0 = do not measure the peer (default 1 when node is there)
 #   BENCH_KEEP      1 = keep the work directory (logs, configs) and print it
 #   BENCH_OUT       also write the report (Markdown) to this file
 #   RATELIMITD_BIN, RATELIMITD_LUA  binary and script to use
@@ -605,6 +611,12 @@ bench_daemon() { # workers
 		if [[ $r1 != "?" && $r2 != "?" ]]; then g0=$((r2 - r1)); fi
 		TARGETS+=("workers=$w RSS growth when fw runs again (fw2 - highest RSS before it) <= $T_RSS_GROWTH_KB kB: $g kB -> $(verdict le "$g" "$T_RSS_GROWTH_KB") (fw -> fw2: $g0 kB)")
 	fi
+	# fw and fw2 are two runs of the same load; their mean is what the
+	# peer is held against.
+	if [[ -n ${RPS[fw]:-} ]]; then
+		FW_RPS[$w]=$(awk -v a="${RPS[fw]}" -v b="${RPS[fw2]:-${RPS[fw]}}" 'BEGIN { printf "%.0f", (a + b) / 2 }')
+		FW_P99[$w]="${P99[fw]} / ${P99[fw2]:-n/a}"
+	fi
 	RSS_LINES+=("workers=$w daemon RSS (MB) after each run: $(IFS=,; echo "${RSS_SERIES[*]}" | sed 's/,/, /g')")
 
 	stop_pid "$DAEMON_PID" 10
@@ -627,6 +639,79 @@ bench_daemon() { # workers
 		stop_pid "$DAEMON_PID" 10
 		check_daemon_log "$w"
 	fi
+}
+
+# ---- peer ---------------------------------------------------------------
+
+PEER_DIR=
+
+# setup_peer: PEER_DIR = the peer's directory with its packages installed
+# (npm ci from the committed lock, once per change of it), or empty with a
+# note saying why the peer is not measured.
+setup_peer() {
+	[[ ${BENCH_PEER:-1} == 1 ]] || return 0
+	if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+		note "peer not measured: node and npm not found (Debian: apt-get install nodejs npm)"
+		return 0
+	fi
+	local src=$HERE/peer dir=$ROOT/build/bench-peer
+	mkdir -p "$dir"
+	if ! cmp -s "$src/package-lock.json" "$dir/package-lock.json" || [[ ! -d $dir/node_modules ]]; then
+		say "peer: npm ci into $dir"
+		cp "$src/package.json" "$src/package-lock.json" "$dir/"
+		if ! (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) >"$WORK/npm.out" 2>&1; then
+			rm -f "$dir/package-lock.json"
+			note "peer not measured: npm ci failed: $(tail -3 "$WORK/npm.out" | tr '\n' ' ')"
+			return 0
+		fi
+	fi
+	cp "$src/server.js" "$dir/"
+	PEER_DIR=$dir
+}
+
+# bench_peer PROCESSES: the fw load against the peer, a row and a line.
+bench_peer() {
+	local w=$1 port url pid i out=$WORK/peer-w$1
+	[[ -n $PEER_DIR ]] || return 0
+	rcli FLUSHALL >/dev/null
+	port=$(free_port)
+	url=http://127.0.0.1:$port
+	node "$PEER_DIR/server.js" "$port" "$REDIS_PORT" "$w" >"$out.log" 2>&1 &
+	pid=$!
+	PIDS+=("$pid")
+	for ((i = 0; i < 200; i++)); do
+		kill -0 "$pid" 2>/dev/null || break
+		[[ $(curl -s -o /dev/null -w '%{http_code}' "$url/readyz" 2>/dev/null) == 200 ]] && break
+		sleep 0.05
+	done
+	if ((i == 200)) || ! kill -0 "$pid" 2>/dev/null; then
+		err "peer ($w process(es)) not ready within 10 s: $(tail -3 "$out.log")"
+		stop_pid "$pid"
+		return
+	fi
+	local pids=$pid kids
+	if ((w > 1)); then
+		kids=$(cat "/proc/$pid/task/"*/children 2>/dev/null)
+		[[ -n $kids ]] && pids+=",$(echo $kids | tr ' ' ',')"
+	fi
+	say "peer, $w process(es): fw (warm-up ${WARMUP}s, run ${DURATION}s)"
+	wrk_cmd keys "$url/check" /fw/x "$WARMUP"
+	"${WRK_CMD[@]}" >"$out-warmup.out" 2>&1
+	wrk_cmd keys "$url/check" /fw/x "$DURATION"
+	if measure "$pids" "$REDIS_PID" "$out.out" "${WRK_CMD[@]}" && parse_wrk "$out.out"; then
+		((W_NON2XX == 0)) || note "peer ($w): $W_NON2XX of $W_TOTAL replies were not 2xx (expected all allowed)"
+		[[ $W_SOCKERR == none ]] || note "peer ($w): wrk socket errors $W_SOCKERR"
+		local nk
+		nk=$(rcli --scan --pattern 'peer:fw:*' | wc -l)
+		((nk >= NKEYS * 9 / 10)) || note "peer ($w): $nk keys peer:fw:* in Redis after the run (expected ~$NKEYS)"
+		row "peer fw: Node.js rate-limiter-flexible, $w process(es) (server CPU = node, all processes) | ($w) | $W_RPS | $W_P50 | $W_P99 | $M_SRV | $M_RDS | $M_GEN | $(ratio "$W_RPS" "$REDIS_RPS") (redis)"
+		say "  peer: $W_RPS req/s, p50 $W_P50 ms, p99 $W_P99 ms, CPU $M_SRV%"
+		PEER_LINES+=("workers=$w fw vs the peer with $w process(es): $(ratio "${FW_RPS[$w]:-}" "$W_RPS") x its req/s (fw/fw2 mean ${FW_RPS[$w]:-n/a}, peer $W_RPS; x redis EVALSHA: $(ratio "${FW_RPS[$w]:-}" "$REDIS_RPS") vs $(ratio "$W_RPS" "$REDIS_RPS"); p99 fw / fw2 ${FW_P99[$w]:-n/a} vs $W_P99 ms)")
+	else
+		err "wrk against the peer ($w) failed: $(tail -3 "$out.out")"
+	fi
+	stop_pid "$pid"
+	[[ $STOP_RC == 0 ]] || note "peer ($w): exit status on SIGTERM: $STOP_RC"
 }
 
 check_daemon_log() { # workers
@@ -673,11 +758,15 @@ main() {
 	fi
 	RSS_LINES=()
 	BATCH_LINES=()
+	PEER_LINES=()
+	declare -gA FW_RPS=() FW_P99=()
 	if [[ $ONLY != ceilings ]]; then
 		third_limit
+		setup_peer
 		local w
 		for w in $WORKERS_LIST; do
 			bench_daemon "$w"
+			bench_peer "$w"
 		done
 	fi
 
@@ -691,7 +780,7 @@ report() {
 	echo
 	echo "## ratelimitd bench ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(nproc) CPUs, wrk -t1 -c$CONNS, ${DURATION}s runs after ${WARMUP}s warm-up)"
 	echo
-	echo "Scenarios: fw/tb/three = /check with X-Api-Key over $NKEYS random keys (fw: fixed_window; tb: token_bucket; three: ${THIRD_DESC:-n/a}); hot = one key over its limit (all denied); fw2 = fw repeated; fw-single = fw on a daemon with redis.max_batch 1 (one script call per check, batching off). CPU% is of one core (200 = both), from /proc over the measured run; loadgen = wrk or redis-benchmark. Ratio: vs the redis EVALSHA ceiling (fixed_window script) or vs nginx."
+	echo "Scenarios: fw/tb/three = /check with X-Api-Key over $NKEYS random keys (fw: fixed_window; tb: token_bucket; three: ${THIRD_DESC:-n/a}); hot = one key over its limit (all denied); fw2 = fw repeated; fw-single = fw on a daemon with redis.max_batch 1 (one script call per check, batching off); peer fw = the fw load against a Node.js sidecar on rate-limiter-flexible's RateLimiterRedis (one Lua call per check, ioredis auto-pipelining) with as many processes as workers. CPU% is of one core (200 = both), from /proc over the measured run; loadgen = wrk or redis-benchmark. Ratio: vs the redis EVALSHA ceiling (fixed_window script) or vs nginx."
 	echo
 	echo "| scenario | workers | req/s | p50 ms | p99 ms | daemon CPU% | redis CPU% | loadgen CPU% | ratio vs ceiling |"
 	echo "|---|---|---|---|---|---|---|---|---|"
@@ -701,6 +790,7 @@ report() {
 	echo "Ceilings: redis EVALSHA ${REDIS_RPS:-n/a} req/s; nginx return 204 ${NGINX_RPS:-n/a} req/s."
 	for r in "${RSS_LINES[@]}"; do echo "$r"; done
 	for r in "${BATCH_LINES[@]}"; do echo "$r"; done
+	for r in "${PEER_LINES[@]}"; do echo "$r"; done
 	if ((${#TARGETS[@]})); then
 		echo
 		echo "Targets (informational; with -c$CONNS closed-loop, mean latency = $CONNS / req/s, so p99 <= $T_P99_MS ms needs well over $((CONNS * 1000))/s):"
