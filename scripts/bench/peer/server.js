@@ -46,7 +46,7 @@ function serve() {
     storeClient: redis, keyPrefix: 'peer:fw', points: LIMIT, duration: WINDOW_S,
   });
 
-  function headers(res, r) {
+  function headers(r) {
     return {
       'X-RateLimit-Limit': String(LIMIT),
       'X-RateLimit-Remaining': String(r.remainingPoints),
@@ -65,10 +65,10 @@ function serve() {
       return;
     }
     limiter.consume(key, 1).then(
-      (r) => res.writeHead(200, headers(res, r)).end(),
+      (r) => res.writeHead(200, headers(r)).end(),
       (r) => {
         if (r instanceof RateLimiterRes) {
-          const h = headers(res, r);
+          const h = headers(r);
           h['Retry-After'] = h['X-RateLimit-Reset'];
           res.writeHead(429, h).end();
         } else {
