@@ -17,7 +17,7 @@
 static json_t *
 duration_json(long long us)
 {
-	char buf[32];
+	char buf[DURATION_TEXT_SIZE];
 
 	duration_format(us, buf, sizeof(buf));
 	return json_string(buf);

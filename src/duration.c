@@ -220,28 +220,41 @@ duration_cause_is_fraction(const char *cause)
 	return cause == duration_fraction;
 }
 
-void
+int
 duration_format(long long us, char *buf, size_t size)
 {
+	char text[DURATION_TEXT_SIZE];
 	size_t n;
 
-	if (us == 0) {
-		snprintf(buf, size, "0s");
-		return;
-	}
-	for (size_t i = NUNITS; i-- > 0;)	/* the table runs ms to d */
-		if (us % duration_units[i].us == 0) {
-			snprintf(buf, size, "%lld%s", us / duration_units[i].us,
-			    duration_units[i].unit);
-			return;
+	if (us == 0)
+		snprintf(text, sizeof(text), "0s");
+	else {
+		size_t i;
+
+		for (i = NUNITS; i-- > 0;)	/* the table runs ms to d */
+			if (us % duration_units[i].us == 0)
+				break;
+		if (i < NUNITS)
+			snprintf(text, sizeof(text), "%lld%s",
+			    us / duration_units[i].us, duration_units[i].unit);
+		else {
+			/* a default precision, window/10, of a window that is
+			 * not a multiple of 10ms: 1001ms gives 100.1ms, as in
+			 * force */
+			n = (size_t)snprintf(text, sizeof(text), "%lld.%03lld",
+			    us / US_PER_MS, us % US_PER_MS);
+			while (text[n - 1] == '0')
+				text[--n] = '\0';
+			snprintf(text + n, sizeof(text) - n, "ms");
 		}
-	/* a default precision, window/10, of a window that is not a multiple
-	 * of 10ms: 1001ms gives 100.1ms, as in force */
-	n = (size_t)snprintf(buf, size, "%lld.%03lld", us / US_PER_MS,
-	    us % US_PER_MS);
-	if (n >= size)
-		return;
-	while (buf[n - 1] == '0')
-		buf[--n] = '\0';
-	snprintf(buf + n, size - n, "ms");
+	}
+	/* Cut, "1ms" would read "1m": a minute. */
+	n = strlen(text);
+	if (n >= size) {
+		if (size > 0)
+			buf[0] = '\0';
+		return -1;
+	}
+	memcpy(buf, text, n + 1);
+	return 0;
 }

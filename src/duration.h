@@ -29,8 +29,12 @@ int duration_cause_is_fraction(const char *cause);
 const char *duration_fraction_advice(char *buf, size_t size, const char *s,
     long long count);
 
+/* Room for any duration up to DURATION_MAX_US as duration_format writes it. */
+#define DURATION_TEXT_SIZE	32
 /* us in the largest unit that states it whole ("1m", not "60s"), or in
- * fractional milliseconds ("100.1ms") when no unit does; "0s" for 0. */
-void duration_format(long long us, char *buf, size_t size);
+ * fractional milliseconds ("100.1ms") when no unit does; "0s" for 0.
+ * -1, with buf empty, when it does not fit in size: a text cut short
+ * would read as another duration ("1ms" as "1m"). */
+int duration_format(long long us, char *buf, size_t size);
 
 #endif

@@ -202,17 +202,24 @@ test_duration_format(void)
 		{ 86400000000LL, "1d" }, { 100100, "100.1ms" }, { 250, "0.25ms" },
 		{ DURATION_MAX_US, "366d" },
 	};
-	char buf[32], tiny[4];
+	char buf[DURATION_TEXT_SIZE], small[8];
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		duration_format(cases[i].us, buf, sizeof(buf));
-		if (strcmp(buf, cases[i].text) != 0)
-			fprintf(stderr, "    %lld us: got %s, want %s\n", cases[i].us,
-			    buf, cases[i].text);
-		CHECK(strcmp(buf, cases[i].text) == 0);
+		int rc = duration_format(cases[i].us, buf, sizeof(buf));
+
+		if (rc != 0 || strcmp(buf, cases[i].text) != 0)
+			fprintf(stderr, "    %lld us: got %d %s, want %s\n", cases[i].us,
+			    rc, buf, cases[i].text);
+		CHECK(rc == 0 && strcmp(buf, cases[i].text) == 0);
+		/* exactly its size fits; one byte less is refused, not cut
+		 * ("1ms" would read "1m") */
+		size_t need = strlen(cases[i].text) + 1;
+		CHECK(duration_format(cases[i].us, buf, need) == 0 &&
+		    strcmp(buf, cases[i].text) == 0);
+		CHECK(duration_format(cases[i].us, buf, need - 1) == -1 && buf[0] == '\0');
 	}
-	duration_format(100100, tiny, sizeof(tiny));	/* cut, still a string */
-	CHECK(strlen(tiny) < sizeof(tiny));
+	CHECK(duration_format(100001, small, sizeof(small)) == -1 && small[0] == '\0');
+	CHECK(duration_format(1000, small, 0) == -1);
 }
 
 static void
