@@ -2314,15 +2314,11 @@ static void
 cidr_drop_host_bits(struct loader *ld, const struct node *nd, const char *key,
     struct cidr *c)
 {
-	/* The bytes cidr_contains compares: whole ones, then a masked one. */
-	size_t full = (size_t)c->bits / 8;
 	unsigned char given[sizeof(c->addr)];
 	char net[INET6_ADDRSTRLEN];
 
 	memcpy(given, c->addr, sizeof(given));
-	if (c->bits % 8)
-		c->addr[full++] &= (unsigned char)(0xff << (8 - c->bits % 8));
-	memset(c->addr + full, 0, sizeof(c->addr) - full);
+	config_addr_fill_past(c->addr, sizeof(c->addr), c->bits, 0);
 	if (memcmp(given, c->addr, sizeof(given)) != 0 &&
 	    inet_ntop(c->family, c->addr, net, sizeof(net)) != NULL)
 		warnf(ld, nd, "%s: \"%s\" has address bits past its prefix: it "

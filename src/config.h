@@ -11,7 +11,6 @@
 #include <stddef.h>
 #include <string.h>
 
-
 #define CONFIG_LIMITS_MAX	16	/* limits on one route (one script call) */
 /* Checks one script call may carry: a call blocks Redis for its whole run
  * (a few microseconds per check), so batches stay well under a millisecond. */
@@ -141,6 +140,22 @@ config_cidr_contains(const struct cidr *c, int family, const unsigned char *addr
 		return (c->addr[full] & mask) == (addr[full] & mask);
 	}
 	return 1;
+}
+
+/* Sets the bits of addr[0..size) past its first `bits` to 1 (ones) or 0:
+ * the first or the last address of the range addr/bits. */
+static inline void
+config_addr_fill_past(unsigned char *addr, size_t size, int bits, int ones)
+{
+	size_t full = (size_t)bits / 8;
+
+	if (bits % 8) {
+		unsigned char low = (unsigned char)(0xff >> (bits % 8));
+
+		addr[full] = ones ? addr[full] | low : addr[full] & ~low;
+		full++;
+	}
+	memset(addr + full, ones ? 0xff : 0, size - full);
 }
 
 struct config {

@@ -654,8 +654,7 @@ network_form(int bits, unsigned char addr[16], char *out, size_t size)
 {
 	size_t len;
 
-	for (int bit = bits; bit < 128; bit++)
-		addr[bit / 8] &= (unsigned char)~(0x80 >> (bit % 8));
+	config_addr_fill_past(addr, 16, bits, 0);
 	if (inet_ntop(AF_INET6, addr, out, (socklen_t)size) == NULL)
 		return -1;
 	len = strlen(out);
@@ -719,8 +718,7 @@ policy_canonical_ip(int ipv6_prefix, const char *s, size_t len, char *out,
 			unsigned char last[16];
 
 			memcpy(last, addr, sizeof(last));
-			for (int bit = bits; bit < 128; bit++)
-				last[bit / 8] |= (unsigned char)(0x80 >> (bit % 8));
+			config_addr_fill_past(last, sizeof(last), bits, 1);
 			if (whole_ipv6_host(last))
 				return -1;
 		}
