@@ -74,6 +74,18 @@ def run_bad(path):
     return parsed
 
 
+def run_good(path):
+    """The policy loads (warnings allowed): what -t printed on stderr."""
+    p = validate(path)
+    assert p.returncode == 0, p.stderr.decode()
+    return p.stderr.decode()
+
+
+def with_overrides(*items):
+    """BASE with these override entries on its route (YAML flow mappings)."""
+    return variant(insert={16: ['    overrides:'] + ['      - ' + i for i in items]})
+
+
 def col_of(text, token):
     i = text.index(token)
     return i + 1
@@ -1433,11 +1445,9 @@ def test_client_ipv6_prefix_overrides_in_one_network_are_one_client(tmp_path):
     """Two addresses of one /64 are one client's key: listed in two
     overrides, only the first would apply, which the error says. The
     prefix is read ahead of the routes, wherever it is in the file."""
-    lines = variant(insert={16: ['    overrides:',
-                                 '      - { keys: ["2001:db8::1"], unlimited: true }',
-                                 '      - { keys: ["2001:db8::2"], unlimited: true }']})
-    p = validate(write(tmp_path, lines))
-    assert p.returncode == 0, p.stderr.decode()     # two clients without the prefix
+    lines = with_overrides('{ keys: ["2001:db8::1"], unlimited: true }',
+                           '{ keys: ["2001:db8::2"], unlimited: true }')
+    run_good(write(tmp_path, lines))                # two clients without the prefix
     path = write(tmp_path, lines + ["client_ipv6_prefix: 64"])
     errs = run_bad(path)
     assert errs == [(18, 18, 'overrides: client key "2001:db8::2" is already listed at '
@@ -1459,14 +1469,10 @@ def test_client_ipv6_prefix_override_warnings_say_what_a_key_names(tmp_path):
     gets advice in the prefix's terms; one address spelled twice is "the
     same address" (a review found the first silent and the other two
     worded for no prefix)."""
-    lines = variant(insert={16: [
-        '    overrides:',
-        '      - { keys: ["2001:db8:7::1/64", "2001:db8:8::/64", "2001:db8:6::/48"], '
-        'unlimited: true }']}) + ["client_ipv6_prefix: 64"]
-    path = write(tmp_path, lines)
-    p = validate(path)
-    assert p.returncode == 0, p.stderr.decode()
-    err = p.stderr.decode()
+    lines = with_overrides('{ keys: ["2001:db8:7::1/64", "2001:db8:8::/64", '
+                           '"2001:db8:6::/48"], unlimited: true }')
+    path = write(tmp_path, lines + ["client_ipv6_prefix: 64"])
+    err = run_good(path)
     assert ('%s:17:18: warning: overrides: "2001:db8:7::1/64" applies to every address '
             'of 2001:db8:7::/64 (client_ipv6_prefix: 64 counts them as one client)'
             % path) in err, err
@@ -1477,23 +1483,18 @@ def test_client_ipv6_prefix_override_warnings_say_what_a_key_names(tmp_path):
     # "::/64" names the clients of ::/64 outside ::/96, and spaces around
     # an address are no header value's (a review found both warned as
     # naming no client); fe80::/64 does name none: its hosts are whole
-    lines = variant(insert={16: [
-        '    overrides:',
-        '      - { keys: ["::ffff:1.2.3.4/64", " 2001:db8:2::/64 ", "fe80::/64"], '
-        'unlimited: true }']}) + ["client_ipv6_prefix: 64"]
-    path = write(tmp_path, lines)
-    p = validate(path)
-    assert p.returncode == 0, p.stderr.decode()
-    assert p.stderr.decode().splitlines() == [
+    lines = with_overrides('{ keys: ["::ffff:1.2.3.4/64", " 2001:db8:2::/64 ", '
+                           '"fe80::/64"], unlimited: true }')
+    path = write(tmp_path, lines + ["client_ipv6_prefix: 64"])
+    err = run_good(path)
+    assert err.splitlines() == [
         '%s:17:18: warning: overrides: "::ffff:1.2.3.4/64" applies to every address of '
         '::/64 (client_ipv6_prefix: 64 counts them as one client)' % path,
         '%s:17:60: warning: overrides: "fe80::/64" is a range, and a key is one client: '
         'each of its addresses is a client whole (an IPv4 host written in IPv6, ::1, a '
-        'link-local address): list them' % path], p.stderr.decode()
-    lines = variant(insert={16: [
-        '    overrides:',
-        '      - { keys: ["2001:db8::1"], unlimited: true }',
-        '      - { keys: ["2001:DB8::1"], unlimited: true }']}) + ["client_ipv6_prefix: 64"]
-    errs = run_bad(write(tmp_path, lines))
+        'link-local address): list them' % path], err
+    lines = with_overrides('{ keys: ["2001:db8::1"], unlimited: true }',
+                           '{ keys: ["2001:DB8::1"], unlimited: true }')
+    errs = run_bad(write(tmp_path, lines + ["client_ipv6_prefix: 64"]))
     assert errs == [(18, 18, 'overrides: client key "2001:DB8::1" is already listed at '
                      '17:18 (the same address); only its first override would apply')], errs
