@@ -112,6 +112,27 @@ stop_pid() {
 	forget_pid "$pid"
 }
 
+# answers PID URL CODE TRIES: 0 once URL answers CODE, 1 when PID has
+# exited or TRIES tries 50 ms apart have passed.
+answers() {
+	local i
+	for ((i = 0; i < $4; i++)); do
+		kill -0 "$1" 2>/dev/null || return 1
+		[[ $(curl -s -o /dev/null -w '%{http_code}' "$2" 2>/dev/null) == "$3" ]] && return 0
+		sleep 0.05
+	done
+	return 1
+}
+
+# with_children PID: REPLY = PID and its child processes (a master's
+# workers), comma-separated, as measure samples them.
+with_children() {
+	local kids
+	REPLY=$1
+	kids=$(cat "/proc/$1/task/"*/children 2>/dev/null)
+	[[ -z $kids ]] || REPLY+=",$(echo $kids | tr ' ' ',')"
+}
+
 # ---- /proc sampling --------------------------------------------------------
 
 # cpu_ticks PID: REPLY = utime+stime of the whole process, in clock ticks.
@@ -340,24 +361,17 @@ ceiling_nginx() { # worker processes (1: the ceiling, one process)
 		-e "s|@WORKERS@|$n|" "$HERE/nginx.conf.in" >"$dir/nginx.conf"
 	nginx -p "$dir" -e "$dir/nginx-error.log" -c "$dir/nginx.conf" -g 'daemon off;' \
 		>"$dir/nginx.out" 2>&1 &
-	local pid=$! i
+	local pid=$!
 	PIDS+=("$pid")
-	for ((i = 0; i < 100; i++)); do
-		[[ $(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/check" 2>/dev/null) == 204 ]] && break
-		kill -0 "$pid" 2>/dev/null || break
-		sleep 0.05
-	done
-	if ((i == 100)) || ! kill -0 "$pid" 2>/dev/null; then
+	if ! answers "$pid" "http://127.0.0.1:$port/check" 204 100; then
 		err "nginx ($n process(es)) did not start: $(cat "$dir/nginx.out" "$dir/nginx-error.log" 2>/dev/null | tail -3)"
 		stop_pid "$pid"
 		return
 	fi
 	# Under a master the workers do the serving: measure them all.
-	local pids=$pid kids
-	if ((n > 1)); then
-		kids=$(cat "/proc/$pid/task/"*/children 2>/dev/null)
-		[[ -n $kids ]] && pids+=",$(echo $kids | tr ' ' ',')"
-	fi
+	local pids
+	with_children "$pid"
+	pids=$REPLY
 	local url=http://127.0.0.1:$port/check what="nginx return 204"
 	((n > 1)) && what="nginx return 204, $n worker processes"
 	say "ceiling: $what (warm-up ${WARMUP}s, run ${DURATION}s)"
@@ -445,12 +459,7 @@ start_daemon() { # workers [max_batch]
 	"$BIN" -c "$policy" >"$DAEMON_LOG" 2>&1 &
 	DAEMON_PID=$!
 	PIDS+=("$DAEMON_PID")
-	local i
-	for ((i = 0; i < 200; i++)); do
-		kill -0 "$DAEMON_PID" 2>/dev/null || break
-		[[ $(curl -s -o /dev/null -w '%{http_code}' "$DAEMON_URL/readyz" 2>/dev/null) == 200 ]] && return 0
-		sleep 0.05
-	done
+	answers "$DAEMON_PID" "$DAEMON_URL/readyz" 200 200 && return 0
 	err "daemon (workers=$1) not ready within 10 s: $(tail -5 "$DAEMON_LOG")"
 	stop_pid "$DAEMON_PID"
 	return 1
@@ -681,7 +690,7 @@ setup_peer() {
 # PEER_P99 and a row. Run between hot and fw2, so that fw2 is measured
 # right after it, on the same minute of this machine.
 bench_peer() {
-	local w=$1 port url pid i out=$WORK/peer-w$1
+	local w=$1 port url pid pids out=$WORK/peer-w$1
 	PEER_RPS= PEER_P99=
 	[[ -n $PEER_DIR ]] || return 0
 	port=$(free_port)
@@ -689,21 +698,13 @@ bench_peer() {
 	node "$PEER_DIR/server.js" "$port" "$REDIS_PORT" "$w" >"$out.log" 2>&1 &
 	pid=$!
 	PIDS+=("$pid")
-	for ((i = 0; i < 200; i++)); do
-		kill -0 "$pid" 2>/dev/null || break
-		[[ $(curl -s -o /dev/null -w '%{http_code}' "$url/readyz" 2>/dev/null) == 200 ]] && break
-		sleep 0.05
-	done
-	if ((i == 200)) || ! kill -0 "$pid" 2>/dev/null; then
+	if ! answers "$pid" "$url/readyz" 200 200; then
 		note "peer not measured ($w process(es)): not ready within 10 s: $(tail -3 "$out.log" | tr '\n' ' ')"
 		stop_pid "$pid"
 		return 0
 	fi
-	local pids=$pid kids
-	if ((w > 1)); then
-		kids=$(cat "/proc/$pid/task/"*/children 2>/dev/null)
-		[[ -n $kids ]] && pids+=",$(echo $kids | tr ' ' ',')"
-	fi
+	with_children "$pid"
+	pids=$REPLY
 	say "peer, $w process(es): fw (warm-up ${WARMUP}s, run ${DURATION}s)"
 	wrk_cmd keys "$url/check" /fw/x "$WARMUP"
 	"${WRK_CMD[@]}" >"$out-warmup.out" 2>&1
