@@ -181,7 +181,8 @@ HTTP_FUZZ_SRCS = tests/fuzz/fuzz_http.c tests/fuzz/loopback.c src/server.c src/c
 CHECK_FUZZ_SRCS = tests/fuzz/fuzz_check.c tests/fuzz/loopback.c $(LIBSRCS) \
 		  $(BUILD)/obj/script.c
 VERDICT_FUZZ_SRCS = tests/fuzz/fuzz_verdict.c src/limiter.c src/denycache.c src/siphash.c \
-		    src/config.c src/duration.c src/yamldoc.c src/rxcheck.c src/policy.c src/sha256.c src/log.c src/xmalloc.c
+		    src/config.c src/duration.c src/yamldoc.c src/rxcheck.c src/policy.c \
+		    src/sha256.c src/log.c src/xmalloc.c
 
 build/fuzz_policy: $(POLICY_FUZZ_SRCS) $(wildcard src/*.h tests/fuzz/*.h) | build
 	clang $(FUZZ_CFLAGS) -o $@ $(POLICY_FUZZ_SRCS) $(LDLIBS)
