@@ -114,3 +114,26 @@ def test_started_with_standard_streams_closed(tmp_path, redis_server):
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def test_starting_on_a_bad_policy_says_what_t_says_and_exits_1(tmp_path):
+    """`ratelimitd -c FILE` on a file -t refuses: the same FILE:LINE:COL
+    lines on stderr and exit 1, before anything is started (a container's
+    first start shows this in its log)."""
+    path = str(tmp_path / "bad.yaml")
+    with open(path, "w") as f:
+        f.write("routes:\n"
+                "  - name: a\n"
+                "    match: {prefix: /}\n"
+                "    key: ip\n"
+                "    limits: [{algorithm: fixed_window, limit: 0, window: 1s}]\n"
+                "  - key: ip\n")
+    checked = run("-t", "-c", path)
+    started = run("-c", path)
+    assert checked.returncode == 1 and started.returncode == 1, (checked, started)
+    assert started.stderr == checked.stderr, (started.stderr, checked.stderr)
+    lines = started.stderr.splitlines()
+    assert lines[0].startswith(path + ":5:") and "limit: 0" in lines[0], lines
+    assert lines[1:] == [path + ':6:5: route: "name" is required',
+                         path + ':6:5: route: "limits" is required'], lines
+    assert started.stdout == "", started.stdout

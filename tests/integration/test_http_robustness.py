@@ -75,6 +75,38 @@ def test_garbage_requests(garbage_daemon, i):
     assert still_counts(d, "after-%d" % i)
 
 
+# Each refusal of the request head, with the status and the reason its body
+# gives: a gateway's log shows that body, and it is all the operator has.
+REFUSED_HEADS = [
+    (b"GET /check HTTPS/1.1\r\nHost: x\r\n\r\n", 400, b"malformed request line"),
+    (b"G(T /check HTTP/1.1\r\nHost: x\r\n\r\n", 400, b"malformed method"),
+    (b"GET /che\x01ck HTTP/1.1\r\nHost: x\r\n\r\n", 400, b"malformed request target"),
+    (b"GET /check HTTP/1.1\r\nHost: x\r\nX Api-Key: k\r\n\r\n", 400,
+     b"malformed header name"),
+    (b"GET /check HTTP/1.1\r\nHost: x\r\nX-Api-Key: a\rb\r\n\r\n", 400,
+     b"bare CR in a header value"),
+    (b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length:\r\n\r\n", 400,
+     b"malformed Content-Length"),
+    (b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 1e3\r\n\r\n", 400,
+     b"malformed Content-Length"),
+    (b"GET /check HTTP/2.0\r\nHost: x\r\n\r\n", 505, b"unsupported HTTP version"),
+]
+
+
+@pytest.mark.parametrize("raw,status,says", REFUSED_HEADS,
+                         ids=["version-name", "method-char", "target-control",
+                              "header-name-space", "bare-cr", "empty-length",
+                              "float-length", "http2"])
+def test_refused_heads_say_why(garbage_daemon, request, raw, status, says):
+    d = garbage_daemon[0]
+    out = raw_http(d.port, raw, timeout=2)
+    assert status_of(out) == status, out[:200]
+    assert says in out.split(b"\r\n\r\n", 1)[1], out[:300]
+    assert b"\r\nConnection: close\r\n" in out, out[:300]
+    assert healthy(d)
+    assert still_counts(d, "after-" + request.node.callspec.id)
+
+
 def test_many_garbage_requests_in_a_row(start_daemon):
     d = start_daemon(POL)
     for data in GARBAGE * 2:

@@ -338,6 +338,11 @@ def test_non_object_is_400(json_daemon, body):
      'field "headers.x-api-key" must not contain a cr or lf'),
     (b'{"path":"/api/x","headers":{"X-Api\\u0000":"k"}}', "\\u0000 is not allowed in a field name"),
     (b'{"route":"api","key":"k","cost":99999999999999999999}', "number too big"),
+    # a misspelt field would otherwise be ignored, and the check counted
+    # against what the caller did not mean: refused, named as sent
+    (b'{"route":"api","key":"k","costs":2}', 'unknown field "costs"'),
+    (b'{"path":"/api/x","header":{"X-Api-Key":"k"}}', 'unknown field "header"'),
+    (b'{"route":"api","key":"k","Cost":2}', 'unknown field "cost"'),
 ])
 def test_json_errors_say_what_is_wrong(json_daemon, body, says):
     """In our words, with the position where there is one; never the

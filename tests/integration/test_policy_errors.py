@@ -347,6 +347,76 @@ def test_bad_file_reports_line_and_column(tmp_path, lines, line, cols, word):
         assert any(word in e[2] for e in hits), errs
 
 
+
+def _exact_cases():
+    """Mistakes with the whole message they must give (each found untested
+    by a coverage run of the suite): (id, lines, [(line, col, message)])."""
+    long_path = "unix:/" + "a" * 120
+    big_burst = '      - { name: burst, algorithm: token_bucket, rate: "7/365d", burst: 1000 }'
+    cases = [
+        ("unix_relative", variant({5: "  address: unix:relative.sock"}),
+         [(5, 12, 'address: "unix:relative.sock": unix socket path must be absolute '
+                  '(unix:/path)')]),
+        ("unix_too_long", variant({5: "  address: " + long_path}),
+         [(5, 12, 'address: "%s": unix socket path is too long' % long_path)]),
+        ("ipv6_without_brackets", variant({5: "  address: '::1:6379'"}),
+         [(5, 12, 'address: "::1:6379": IPv6 addresses need brackets: [addr]:port')]),
+        ("ipv6_unclosed", variant({5: "  address: '[::1'"}),
+         [(5, 12, 'address: "[::1": expected [ipv6]:port')]),
+        ("ipv6_no_port", variant({5: "  address: '[::1]x'"}),
+         [(5, 12, 'address: "[::1]x": expected [ipv6]:port')]),
+        ("ipv6_bad", variant({5: "  address: '[zz]:6379'"}),
+         [(5, 12, 'address: "[zz]:6379": bad IPv6 address')]),
+        ("key_prefix_brace", variant(insert={6: ["  key_prefix: 'a{b}'"]}),
+         [(6, 15, "key_prefix: must not contain { or } (the hash tag is ours)")]),
+        ("duplicate_key", variant(insert={6: ["  address: 127.0.0.1:6380"]}),
+         [(6, 3, 'redis: duplicate key "address"')]),
+        ("complex_key", variant(insert={9: ["? [a]", ": 1"]}),
+         [(9, 3, "policy: keys must be plain names")]),
+        ("route_without_name", variant({16: "  - key: ip"}, delete=(18,)),
+         [(16, 5, 'route: "name" is required')]),
+        ("two_path_forms", variant({11: "    match: { prefix: /api/, path: /api/x }"}),
+         [(11, 35, "match: use only one of path, prefix and regex")]),
+        ("methods_mapping", variant({11: "    match: { prefix: /api/, methods: {GET: 1} }"}),
+         [(11, 38, "methods: expected a list of methods")]),
+        ("key_empty_list", variant({18: "    key: []"}),
+         [(18, 10, "key: expected a key source or a non-empty list of them")]),
+        ("limit_without_algorithm", variant(delete=(21,)),
+         [(20, 9, 'limits[0]: "algorithm" is required')]),
+        ("limit_name_chars", variant({20: "      - name: 'bad name!'"}),
+         [(20, 15, 'name: "bad name!" must be 1-64 characters of A-Z a-z 0-9 _ - .')]),
+        ("burst_past_exact_counting", variant({14: big_burst}),
+         [(14, col_of(big_burst, "1000"), 'burst: 1000 with rate "7/365d" is too large to '
+           "count exactly; use a smaller burst or a rate over a shorter period")]),
+        ("overrides_mapping", variant(insert={16: ["    overrides: {a: 1}"]}),
+         [(16, 16, "overrides: expected a list")]),
+        ("override_without_keys", with_overrides("{ unlimited: true }"),
+         [(17, 9, 'override: "keys" is required')]),
+        ("override_keys_empty", with_overrides("{ keys: [], unlimited: true }"),
+         [(17, 17, "keys: expected a non-empty list of client keys")]),
+        ("override_limited_and_unlimited", with_overrides(
+            "{ keys: [a], unlimited: true, limits: [{ algorithm: fixed_window, limit: 1, "
+            "window: 1s }] }"),
+         [(17, 9, 'override: use either "limits" or "unlimited: true", not both')]),
+        ("override_neither", with_overrides("{ keys: [a] }"),
+         [(17, 9, 'override: needs "limits" or "unlimited: true"')]),
+    ]
+    return [pytest.param(lines, want, id=name) for name, lines, want in cases]
+
+
+@pytest.mark.parametrize("lines,want", _exact_cases())
+def test_each_mistake_gets_its_message(tmp_path, lines, want):
+    assert run_bad(write(tmp_path, lines)) == want
+
+
+def test_an_unbalanced_regex_names_the_pattern(tmp_path):
+    """regcomp's own words follow (glibc's), after the pattern as written."""
+    errs = run_bad(write(tmp_path, variant({17: "    match: { regex: '^/v((' }"})))
+    assert len(errs) == 1 and errs[0][:2] == (17, 21), errs
+    head = 'regex: "^/v((": '
+    assert errs[0][2].startswith(head) and errs[0][2][len(head):].strip(), errs
+
+
 def test_anchor_and_alias_together(tmp_path):
     lines = variant({10: "  - name: &n api", 16: "  - name: *n"})
     path = write(tmp_path, lines)

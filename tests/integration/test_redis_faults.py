@@ -893,6 +893,47 @@ def test_an_acl_that_keeps_one_route_s_keys_does_not_drop_the_link(start_daemon,
     assert d.log().count(": connected") == 1, d.log()
 
 
+def test_a_user_who_may_not_load_scripts_is_told_so(start_daemon, redis_server):
+    """An ACL user without the scripting commands (a common hardening):
+    the handshake's SCRIPT LOAD is refused. The log names that step and
+    Redis's reason, once, and checks fail open while it lasts; granted the
+    commands, the link comes up on its next attempt."""
+    rc = redis_server.client()
+    rc.execute_command("ACL", "SETUSER", "rl", "on", ">rl-pw", "~*", "+@all", "-@scripting")
+    try:
+        d = start_daemon(policy(route("r", "/"), redis="  username: rl\n  password_env: RL_PW\n"),
+                         env={"RL_PW": "rl-pw"}, wait_ready=False)
+        assert wait_until(lambda: "SCRIPT LOAD failed" in d.log(), timeout=3), d.log()
+        time.sleep(1.2)                     # a few retries, backing off
+        log = d.log()
+        assert log.count("SCRIPT LOAD failed: NOPERM") == 1, log
+        assert requests.get(d.url("/readyz"), timeout=2).status_code == 503
+        assert_fail_open(d, n=2)
+        assert all_keys(rc) == set()
+        rc.execute_command("ACL", "SETUSER", "rl", "+@scripting")
+        assert wait_until(lambda: ready(d), timeout=3), d.log()
+        assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "4"
+    finally:
+        rc.execute_command("ACL", "DELUSER", "rl")
+
+
+def test_a_redis_host_that_does_not_resolve_fails_open_and_says_so(start_daemon):
+    """A host name is looked up at each attempt: one that does not resolve
+    (.invalid never does, RFC 6761) is logged once, with the resolver's
+    reason, and the daemon serves, failing open, meanwhile."""
+    pol = policy(route("r", "/"), redis="  connect_timeout: 3s\n")     # a slow resolver
+    d = start_daemon(pol.replace("127.0.0.1:{redis_port}", "no-such-redis.invalid:6379"),
+                     wait_ready=False)
+    assert wait_until(lambda: "cannot resolve the host" in d.log(), timeout=8), d.log()
+    time.sleep(1.2)
+    log = d.log()
+    assert log.count("cannot resolve the host") == 1, log
+    assert "no-such-redis.invalid" in log.split("cannot resolve the host", 1)[0].splitlines()[-1]
+    assert requests.get(d.url("/readyz"), timeout=2).status_code == 503
+    assert_fail_open(d, n=2)
+    assert healthy(d)
+
+
 def test_password_against_redis_without_one_never_comes_up(start_daemon, redis_server):
     """A Redis without a password refuses AUTH but runs what follows it
     (SCRIPT LOAD): the link must not come up on those replies. One line in

@@ -412,6 +412,35 @@ def test_reload_moves_to_another_redis(ops_daemon, redis_server, other_redis):
     assert "worker 0: redis 127.0.0.1:%d: connected" % other.port in log, log
 
 
+
+def test_reload_to_another_database_moves_the_counts_without_a_failed_check(ops_daemon,
+                                                                            redis_server):
+    """redis.database changed by a reload, on the same address: a new link
+    SELECTs it and takes over once it answers, as a move to another Redis
+    does; the log says which change it is, and the counts start afresh in
+    that database while no check fails meanwhile."""
+    text = policy(route("api", "/api/", fw(3)) + route("bulk", "/bulk/", fw(10 ** 9)),
+                  top="failure_mode: closed\n")
+    d = ops_daemon(text)
+    assert use_up(d, "k1", 4) == [200, 200, 200, 429]
+    db1 = redis.Redis(port=redis_server.port, db=1)
+    assert db1.dbsize() == 0
+    moved = text.replace("redis:\n", "redis:\n  database: 1\n", 1)
+    assert moved != text
+    with Checker(d, "/check/bulk/x") as flow:
+        d.write_policy(moved)
+        assert wait_until(lambda: get_policy(d)["redis"]["database"] == 1, timeout=RELOAD_S)
+        assert wait_until(lambda: db1.exists("rl:{bulk:flow0}:q:fixed_window"), timeout=3)
+        time.sleep(0.2)
+    assert set(flow.counts) == {200}, flow.counts
+    r = check(d, "/check/api/x", headers={"X-Key": "k1"})
+    assert r.status_code == 200 and r.headers["X-RateLimit-Remaining"] == "2", r.headers
+    assert db1.exists("rl:{api:k1}:q:fixed_window")
+    log = d.log()
+    assert "worker 0: redis 127.0.0.1:%d: the policy changes its credentials or database; " \
+        "this link serves until a new one is up" % d.redis_port in log, log
+    assert "moves this worker" not in log, log
+
 class Checker:
     """Checks sent back to back from 4 threads while the block runs; the
     statuses seen, counted."""
