@@ -28,6 +28,11 @@ BUILD	 = build/asan
 endif
 override CFLAGS	+= -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
 override LDFLAGS += -fsanitize=$(SANITIZE)
+else ifdef COVERAGE
+# gcc's line counts, for `make coverage` (scripts/coverage.sh).
+BUILD	 = build/cov
+override CFLAGS	+= --coverage
+override LDFLAGS += --coverage
 else
 BUILD	 = build
 endif
@@ -52,7 +57,8 @@ DEBS_RUN   = redis-server redis-tools
 DEBS_TEST  = python3-pytest python3-redis python3-requests nginx-light clang \
 	     libclang-rt-dev wrk strace stunnel4 openssl curl
 
-.PHONY: all clean test unit integration asan tsan run bench soak deps deps-test fuzz install uninstall
+.PHONY: all clean test unit integration asan tsan run bench soak coverage deps deps-test fuzz \
+	install uninstall
 
 all: $(BUILD)/ratelimitd build/limits.lua
 
@@ -153,6 +159,11 @@ run: deps
 
 bench: deps-test
 	bash scripts/bench.sh
+
+# Lines of src/ run by the unit tests and the integration suite, per file
+# (gcov); not part of `make test`.
+coverage: deps-test
+	sh scripts/coverage.sh
 
 # The sanitized daemon under wrk load through SOAK_SECONDS (default 60) of
 # Redis faults and reloads; not part of `make test` (see README).

@@ -137,3 +137,27 @@ def test_starting_on_a_bad_policy_says_what_t_says_and_exits_1(tmp_path):
     assert lines[1:] == [path + ':6:5: route: "name" is required',
                          path + ':6:5: route: "limits" is required'], lines
     assert started.stdout == "", started.stdout
+
+
+def test_a_listen_address_in_use_is_named_and_exits_1(tmp_path):
+    """Another process on server.listen's port (an old daemon, a second
+    container in the pod): one line naming the address and the reason, exit
+    1, as nginx's "bind() to ... failed (98: Address already in use)"."""
+    import socket
+    taken = socket.socket()
+    try:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        path = str(tmp_path / "busy.yaml")
+        with open(path, "w") as f:
+            f.write('server: {listen: "127.0.0.1:%d"}\n'
+                    "routes: [{name: a, match: {prefix: /}, key: ip,\n"
+                    "          limits: [{algorithm: fixed_window, limit: 1, window: 1s}]}]\n"
+                    % port)
+        r = run("-c", path)
+    finally:
+        taken.close()
+    assert r.returncode == 1, r
+    assert r.stderr.endswith(" fatal bind 127.0.0.1:%d: Address already in use\n" % port), r
+    assert r.stderr.count("\n") == 1 and r.stdout == "", r
