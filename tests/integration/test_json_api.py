@@ -338,6 +338,10 @@ def test_non_object_is_400(json_daemon, body):
      'field "headers.x-api-key" must not contain a cr or lf'),
     (b'{"path":"/api/x","headers":{"X-Api\\u0000":"k"}}', "\\u0000 is not allowed in a field name"),
     (b'{"route":"api","key":"k","cost":99999999999999999999}', "number too big"),
+    # jansson quotes the bytes near the error, here not UTF-8: they were a
+    # 500, as the reply could not hold them (found by make fuzz)
+    (b'{"\\u000\xdf\x93\x90"key":"k1","cost":2}',
+     "invalid escape near '\"\\u000\\xdf'"),
     # a misspelt field would otherwise be ignored, and the check counted
     # against what the caller did not mean: refused, named as sent
     (b'{"route":"api","key":"k","costs":2}', 'unknown field "costs"'),
