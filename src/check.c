@@ -888,34 +888,6 @@ json_describe(const struct config *c, struct http_request *req,
 	in->header_ctx = d->headers;
 }
 
-/* jansson quotes the bytes near a syntax error as they came, and they need
- * not be UTF-8, which the reply's JSON cannot carry (a client's broken
- * "\u" escape got a 500): control bytes and bytes past ASCII are written
- * as \xNN, the rest as is (the reply's encoding escapes quotes). */
-static const char *
-json_error_text(char *dst, size_t size, const char *src)
-{
-	static const char hex[] = "0123456789abcdef";
-	size_t o = 0;
-
-	for (const unsigned char *p = (const unsigned char *)src; *p; p++) {
-		if (*p >= 0x20 && *p < 0x7f) {
-			if (o + 1 >= size)
-				break;
-			dst[o++] = (char)*p;
-		} else {
-			if (o + 4 >= size)
-				break;
-			dst[o++] = '\\';
-			dst[o++] = 'x';
-			dst[o++] = hex[*p >> 4];
-			dst[o++] = hex[*p & 0xf];
-		}
-	}
-	dst[o] = '\0';
-	return dst;
-}
-
 void
 check_json(struct worker *w, struct http_request *req)
 {
@@ -946,8 +918,12 @@ check_json(struct worker *w, struct http_request *req)
 	body = json_loadb(data, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY |
 	    JSON_ALLOW_NUL, &err);
 	if (body == NULL) {
+		/* jansson quotes the bytes near the error as they came, and
+		 * they need not be UTF-8, which the reply cannot carry (a
+		 * broken "\u" escape got a 500). */
 		char text[JSON_ERROR_TEXT_LENGTH * 4];
-		const char *why = json_error_text(text, sizeof(text), err.text);
+		const char *why = log_escape_bytes(text, sizeof(text), err.text,
+		    strlen(err.text));
 
 		/* jansson's own wording names its flags and says little. */
 		if (strstr(why, "NUL byte in object key"))

@@ -35,15 +35,13 @@ limits_json(const struct limit_set *set)
 		json_object_set_new(o, "name", json_string(l->name));
 		json_object_set_new(o, "algorithm", json_string(config_algorithm_name(l->algorithm)));
 		if (config_algorithm_is_bucket(l->algorithm)) {
-			json_t *period = duration_json(l->rate_period_us);
-			const char *per = json_string_value(period);
-			char rate[64];
+			char per[DURATION_TEXT_SIZE], rate[64];
 
+			duration_format(l->rate_period_us, per, sizeof(per));
 			/* "10/s", as SPEC writes it, rather than "10/1s" */
 			snprintf(rate, sizeof(rate), "%lld/%s", l->rate_n,
 			    per[0] == '1' && !isdigit((unsigned char)per[1]) ?
 			    per + 1 : per);
-			json_decref(period);
 			json_object_set_new(o, "burst", json_integer(l->quota));
 			json_object_set_new(o, "rate", json_string(rate));
 			if (l->algorithm == ALGORITHM_LEAKY_BUCKET)

@@ -70,8 +70,9 @@ log_enabled(enum log_level level)
 	return level <= LEVEL();
 }
 
-char *
-log_escape(char *dst, size_t dstsize, const char *src, size_t srclen)
+/* log_escape, with quotes and backslashes escaped too or as they are. */
+static char *
+escape(char *dst, size_t dstsize, const char *src, size_t srclen, int quotes)
 {
 	static const char hex[] = "0123456789abcdef";
 	size_t o = 0;
@@ -83,7 +84,7 @@ log_escape(char *dst, size_t dstsize, const char *src, size_t srclen)
 		char tmp[4];
 		size_t n;
 
-		if (c == '"' || c == '\\') {
+		if (quotes && (c == '"' || c == '\\')) {
 			tmp[0] = '\\';
 			tmp[1] = (char)c;
 			n = 2;
@@ -104,6 +105,18 @@ log_escape(char *dst, size_t dstsize, const char *src, size_t srclen)
 	}
 	dst[o] = '\0';
 	return dst;
+}
+
+char *
+log_escape(char *dst, size_t dstsize, const char *src, size_t srclen)
+{
+	return escape(dst, dstsize, src, srclen, 1);
+}
+
+char *
+log_escape_bytes(char *dst, size_t dstsize, const char *src, size_t srclen)
+{
+	return escape(dst, dstsize, src, srclen, 0);
 }
 
 /* A JSON string body: quotes, backslashes, control bytes and every byte

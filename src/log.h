@@ -33,5 +33,8 @@ void fatalx(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn)
 /* Copies untrusted bytes into dst as printable ASCII (\xNN, \", \\), always
  * NUL-terminated, truncated to fit; returns dst. */
 char *log_escape(char *dst, size_t dstsize, const char *src, size_t srclen);
+/* The same with quotes and backslashes as they are: for text that a JSON
+ * encoder quotes next (a reply's message). */
+char *log_escape_bytes(char *dst, size_t dstsize, const char *src, size_t srclen);
 
 #endif
