@@ -27,19 +27,17 @@ RATELIMITD_BIN="$PWD/build/cov/ratelimitd" "$PYTHON" -m pytest -q -p no:cachepro
 	status=1
 
 # gcov -n: the counts only, no .gcov files written. One line per file,
-# least covered first, then the total.
-gcov -n -o "$OBJ" src/*.c 2>/dev/null >build/cov/summary.txt
-awk '
+# least covered first, then the total (written aside while the files
+# are sorted).
+rm -f build/cov/total.txt
+gcov -n -o "$OBJ" src/*.c 2>/dev/null | awk -v total=build/cov/total.txt '
 	/^File .src\/.*\.c.$/ { f = substr($2, 2, length($2) - 2); next }
 	/^Lines executed:/ && f != "" {
 		split($2, a, ":"); n = $4 + 0; run = int(a[2] * n / 100 + 0.5)
-		printf "%7.2f%%  %5d of %5d  %s\n", a[2], run, n, f; f = ""
-	}' build/cov/summary.txt | sort -n
-awk '
-	/^File .src\/.*\.c.$/ { f = 1; next }
-	/^Lines executed:/ && f {
-		split($2, a, ":"); n = $4 + 0; ran += int(a[2] * n / 100 + 0.5); all += n; f = 0
+		printf "%7.2f%%  %5d of %5d  %s\n", a[2], run, n, f
+		ran += run; all += n; f = ""
 	}
-	END { if (all) printf "%7.2f%%  %5d of %5d  src/ in all\n", 100 * ran / all, ran, all }
-' build/cov/summary.txt
+	END { if (all) printf "%7.2f%%  %5d of %5d  src/ in all\n", 100 * ran / all, ran, all > total }
+' | sort -n
+[ ! -s build/cov/total.txt ] || cat build/cov/total.txt
 exit $status

@@ -2,6 +2,7 @@
 by habit (--config, --test, --version, --help); a wrong option is a usage
 error on stderr with exit status 1."""
 import os
+import socket
 import subprocess
 
 from conftest import BIN, ROOT
@@ -143,7 +144,6 @@ def test_a_listen_address_in_use_is_named_and_exits_1(tmp_path):
     """Another process on server.listen's port (an old daemon, a second
     container in the pod): one line naming the address and the reason, exit
     1, as nginx's "bind() to ... failed (98: Address already in use)"."""
-    import socket
     taken = socket.socket()
     try:
         taken.bind(("127.0.0.1", 0))

@@ -347,7 +347,6 @@ def test_bad_file_reports_line_and_column(tmp_path, lines, line, cols, word):
         assert any(word in e[2] for e in hits), errs
 
 
-
 def _exact_cases():
     """Mistakes with the whole message they must give (each found untested
     by a coverage run of the suite): (id, lines, [(line, col, message)])."""
