@@ -40,6 +40,9 @@
  * path can be nearly 64 KiB), so a key is never cut, and two long keys
  * cannot meet in one counter. */
 #define CHECK_QUERY_KEY_MAX	(SERVER_BODY_MAX + 1)
+/* An absolute-form URI's authority, as long as any URI we accept: never
+ * cut, so a long one cannot come to match a route's host. */
+#define CHECK_AUTHORITY_MAX	POLICY_PATH_MAX
 /* Idle checks kept for reuse (about 1.6 KB each): enough for the steady
  * concurrency of a busy sidecar; a spike above it is freed as it ends. */
 #define CHECK_POOL_MAX		1024
@@ -661,6 +664,23 @@ first_present(const char *(*lookup)(void *, const char *, unsigned), void *ctx,
 	return v && *v ? v : otherwise;
 }
 
+/* The original request's host: X-Forwarded-Host, which a proxy sets to
+ * say it; else the authority of an absolute-form URI, which RFC 9112
+ * 3.2.2 puts before Host (and nginx's $host with it); else Host. */
+static const char *
+original_host(const char *(*lookup)(void *, const char *, unsigned), void *ctx,
+    const char *uri, char *authority, size_t size)
+{
+	const char *host = lookup(ctx, "X-Forwarded-Host", 0);
+
+	if (host && *host)
+		return host;
+	if ((host = policy_uri_authority(uri, authority, size)) != NULL)
+		return host;
+	host = lookup(ctx, "Host", 0);
+	return host && *host ? host : NULL;
+}
+
 /* The client IP of the check request itself (peer, XFF, X-Real-IP). */
 static void
 request_client_ip(const struct config *c, struct http_request *req,
@@ -678,6 +698,7 @@ check_forward(struct worker *w, struct http_request *req, const char *rest)
 {
 	struct check *ck;
 	char path[POLICY_PATH_MAX], qkey[CHECK_QUERY_KEY_MAX], ip[64];
+	char authority[CHECK_AUTHORITY_MAX];
 	struct check_input in;
 	const char *uri, *key = NULL;
 	size_t keylen = 0;
@@ -699,10 +720,11 @@ check_forward(struct worker *w, struct http_request *req, const char *rest)
 	}
 	ck = check_get(w, req, 0);
 	uri = first_present(header_lookup, req, "X-Original-URI", "X-Forwarded-Uri",
-	    rest);
-	policy_normalize_uri(uri, path, sizeof(path), &in.query);
+	    NULL);
+	policy_normalize_uri(uri ? uri : rest, path, sizeof(path), &in.query);
 	in.path = path;
-	in.host = first_present(header_lookup, req, "X-Forwarded-Host", "Host", NULL);
+	in.host = original_host(header_lookup, req, uri ? uri : request_uri(req),
+	    authority, sizeof(authority));
 	in.ip = NULL;
 	in.header = header_lookup;
 	in.header_ctx = req;
@@ -850,7 +872,7 @@ struct described {
 static void
 json_describe(const struct config *c, struct http_request *req,
     const struct described *d, char *ip, size_t iplen, char *path,
-    size_t pathlen, struct check_input *in)
+    size_t pathlen, char authority[CHECK_AUTHORITY_MAX], struct check_input *in)
 {
 	const char *uri = d->uri;
 
@@ -881,8 +903,8 @@ json_describe(const struct config *c, struct http_request *req,
 	    first_present(json_header_lookup, d->headers, "X-Original-Method",
 	    "X-Forwarded-Method", "GET");
 	in->host = d->host && *d->host ? d->host :
-	    first_present(json_header_lookup, d->headers, "X-Forwarded-Host",
-	    "Host", NULL);
+	    original_host(json_header_lookup, d->headers, uri, authority,
+	    CHECK_AUTHORITY_MAX);
 	in->ip = ip;
 	in->header = json_header_lookup;
 	in->header_ctx = d->headers;
@@ -897,6 +919,7 @@ check_json(struct worker *w, struct http_request *req)
 	const char *data = request_body(req, &len);
 	const struct config *c = w->w_config;
 	char path[POLICY_PATH_MAX], qkey[CHECK_QUERY_KEY_MAX], ip[64];
+	char authority[CHECK_AUTHORITY_MAX];
 	const char *route_name, *key = NULL, *k;
 	const struct route *route = NULL;
 	const struct limit_set *set = NULL;
@@ -1060,7 +1083,7 @@ check_json(struct worker *w, struct http_request *req)
 			/* The route named, the client described: its key is
 			 * the one /check would resolve for that route. */
 			json_describe(c, req, &desc, ip, sizeof(ip), path,
-			    sizeof(path), &in);
+			    sizeof(path), authority, &in);
 			if ((kind = policy_client_key(route, &in, qkey,
 			    sizeof(qkey), &key, &keylen)) == POLICY_KEY_NONE)
 				key = NULL;
@@ -1089,7 +1112,7 @@ check_json(struct worker *w, struct http_request *req)
 		goto out;
 	} else {
 		json_describe(c, req, &desc, ip, sizeof(ip), path,
-		    sizeof(path), &in);
+		    sizeof(path), authority, &in);
 		route = policy_match(c, &in);
 		if (route && (kind = policy_client_key(route, &in, qkey,
 		    sizeof(qkey), &key, &keylen)) == POLICY_KEY_NONE)

@@ -30,6 +30,31 @@ policy_origin_form(const char *uri)
 	return uri + strcspn(uri, "/?#");
 }
 
+const char *
+policy_uri_authority(const char *uri, char *buf, size_t size)
+{
+	const char *start = policy_origin_form(uri), *end, *at;
+	size_t len;
+
+	if (start == uri)
+		return NULL;
+	end = start;
+	start = uri + (uri[4] == ':' ? 7 : 8);	/* past http:// or https:// */
+	/* user:password@ names no host; the last '@' ends it, as a '@'
+	 * cannot be in a host */
+	for (at = start; at < end; at++)
+		if (*at == '@')
+			start = at + 1;
+	len = (size_t)(end - start);
+	if (len == 0 || size == 0)
+		return NULL;
+	if (len >= size)
+		len = size - 1;
+	memcpy(buf, start, len);
+	buf[len] = '\0';
+	return buf;
+}
+
 void
 policy_normalize_uri(const char *uri, char *buf, size_t size, const char **query)
 {

@@ -33,6 +33,10 @@ void policy_normalize_uri(const char *uri, char *buf, size_t size,
 /* The path and query of an absolute-form URI (http://host/path?q; RFC 9112
  * 3.2.2), maybe empty; any other URI as it is. */
 const char *policy_origin_form(const char *uri);
+/* The host[:port] of an absolute-form URI, copied to buf without the
+ * userinfo (cut to size - 1 bytes); NULL for any other URI or an empty
+ * authority. */
+const char *policy_uri_authority(const char *uri, char *buf, size_t size);
 
 /* Splits a Host value into its parts (struct host_parts). */
 void policy_host_split(const char *host, struct host_parts *out);

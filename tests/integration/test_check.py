@@ -154,6 +154,42 @@ def test_forwarded_host_list_counts_by_its_first(start_daemon):
     assert limit_of(r) == 4, r.headers
 
 
+def test_an_absolute_uri_names_the_host(start_daemon):
+    """RFC 9112 3.2.2: a request line in absolute form names the host, and
+    the Host header is ignored (nginx's $host reads it so); the same for an
+    absolute X-Original-URI, nginx's $request_uri when its client sent one.
+    X-Forwarded-Host, which a proxy sets to say the host, still comes first."""
+    from helpers import raw_http, status_of
+    d = start_daemon(CONV)
+
+    def head_limit(target, headers=b""):
+        out = raw_http(d.port, b"DELETE " + target + b" HTTP/1.1\r\nHost: other.example.com\r\n"
+                       + headers + b"Connection: close\r\n\r\n")
+        assert status_of(out) in (200, 429), out[:200]  # "hosted" allows 4
+        return int(out.split(b"X-RateLimit-Limit: ")[1].split(b"\r\n")[0])
+
+    for target in (b"http://api.example.com/check/h/a", b"HTTP://API.example.com:8443/check/h/a",
+                   b"https://user:pw@api.example.com/check/h/a?x=1"):
+        assert head_limit(target) == 4, target
+    assert head_limit(b"http://api.example.com/check/h/a",
+                      b"X-Forwarded-Host: other.example.com\r\n") == 1000
+    assert head_limit(b"/check/h/a") == 1000
+    for uri, want in (("http://api.example.com/h/a", 4), ("//api.example.com/h/a", 1000),
+                      ("/h/a", 1000)):
+        r = check(d, "/check", "DELETE", {"Host": "other.example.com", "X-Original-URI": uri})
+        assert limit_of(r) == want, (uri, r.headers)
+    # The original request's URI is absolute, the check request's is not:
+    # the original's authority counts, not the sidecar's.
+    assert head_limit(b"http://sidecar:8080/check", b"X-Original-URI: http://api.example.com/h/a\r\n") == 4
+    # /v1/check reads a described request's path and headers the same way
+    r = vcheck(d, {"path": "http://api.example.com/h/a", "method": "DELETE",
+                   "headers": {"Host": "other.example.com"}})
+    assert r.json()["limits"][0]["limit"] == 4, r.text
+    r = vcheck(d, {"path": "http://api.example.com/h/a", "method": "DELETE",
+                   "host": "other.example.com"})
+    assert r.json()["limits"][0]["limit"] == 1000, r.text
+
+
 def test_a_get_route_takes_head(start_daemon):
     """HEAD is GET without the body, served by the same handler: a limit
     on GET that HEAD stepped around would limit nothing."""
