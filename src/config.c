@@ -1183,15 +1183,17 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 		node_error(ld, nd, "limits: must not be empty");
 		return -1;
 	}
-	/* Over the cap: said, and the first CONFIG_LIMITS_MAX still read,
-	 * so that what else is wrong in them is said in the same run. */
+	/* Over the cap: said, and the limits past it still read (as many as
+	 * a file may have routes), so that what else is wrong in them is
+	 * said in the same run: they are to be cut or moved, not fixed
+	 * first and found wrong after. */
 	if (nd->nitems > CONFIG_LIMITS_MAX) {
 		node_error(ld, nd->items[CONFIG_LIMITS_MAX], "limits[%d]: one too "
 		    "many: at most %d limits per route, and this route has %zu",
 		    CONFIG_LIMITS_MAX, CONFIG_LIMITS_MAX, nd->nitems);
 		bad = 1;
 	}
-	nitems = nd->nitems > CONFIG_LIMITS_MAX ? CONFIG_LIMITS_MAX : nd->nitems;
+	nitems = nd->nitems > CONFIG_ROUTES_MAX ? CONFIG_ROUTES_MAX : nd->nitems;
 	set->limits = xcalloc(nitems, sizeof(*set->limits));
 	named = xcalloc(nitems, sizeof(*named));
 	for (size_t i = 0; i < nitems; i++) {
@@ -1529,6 +1531,24 @@ config_token_ok(const char *s)
 	return 1;
 }
 
+/* IANA's HTTP method registry, and PURGE (caches' own). */
+static int
+method_registered(const char *m)
+{
+	static const char registered[] = " ACL BASELINE-CONTROL BIND CHECKIN "
+	    "CHECKOUT CONNECT COPY DELETE GET HEAD LABEL LINK LOCK MERGE "
+	    "MKACTIVITY MKCALENDAR MKCOL MKREDIRECTREF MKWORKSPACE MOVE OPTIONS "
+	    "ORDERPATCH PATCH POST PRI PROPFIND PROPPATCH PURGE PUT QUERY REBIND "
+	    "REPORT SEARCH TRACE UNBIND UNCHECKOUT UNLINK UNLOCK UPDATE "
+	    "UPDATEREDIRECTREF VERSION-CONTROL ";
+	size_t n = strlen(m);
+
+	for (const char *p = registered; (p = strstr(p, m)) != NULL; p++)
+		if (p[-1] == ' ' && p[n] == ' ')
+			return 1;
+	return 0;
+}
+
 static int
 on_match_methods(struct loader *ld, const struct node *nd, const char *key, void *t)
 {
@@ -1561,6 +1581,13 @@ on_match_methods(struct loader *ld, const struct node *nd, const char *key, void
 		}
 		for (char *p = m; *p; p++)
 			*p = (char)toupper((unsigned char)*p);
+		/* A misspelt GET matches no GET: the route's requests pass
+		 * unlimited, or to a later route, without a word. */
+		if (!method_registered(m))
+			warnf(ld, nd->items[i], "%s: \"%s\" is no method HTTP "
+			    "defines (IANA's registry: GET, HEAD, POST, PUT, PATCH, "
+			    "DELETE, OPTIONS, WebDAV's...): only a request that "
+			    "sends it matches", key, echo(ld, m));
 		d->r.methods[d->r.nmethods++] = m;
 	}
 	return bad ? -1 : 0;
@@ -2178,7 +2205,7 @@ route_covers(const struct route *a, const struct route *b)
 			if (!policy_route_takes_method(a, b->methods[i]))
 				return 0;
 	}
-	if (a->host && (b->host == NULL || strcmp(a->host, b->host) != 0))
+	if (a->host && (b->host == NULL || !policy_host_covers(a->host, b->host)))
 		return 0;
 	switch (a->path_kind) {
 	case PATH_ANY:

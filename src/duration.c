@@ -73,10 +73,51 @@ bad_unit_cause(const char *unit, const char *unknown)
 static const char duration_fraction[] =
     "durations are whole numbers of a unit (ms, s, m, h or d)";
 
+/* "1m30s" as the one number and unit it means, in a cause ("a duration
+ * is one number and one unit: 90s, not 1m30s"); NULL when s is not a
+ * sum of whole numbers of units. Thread-local: policies load on the
+ * main thread, and a cause is read at once. */
+static const char *
+sum_cause(const char *s)
+{
+	static _Thread_local char cause[128];
+	char total_text[DURATION_TEXT_SIZE];
+	long long total = 0;
+	const char *p = s;
+
+	while (*p) {
+		long long n = 0;
+		size_t i;
+
+		if (!isdigit((unsigned char)*p))
+			return NULL;
+		for (; isdigit((unsigned char)*p); p++)
+			if ((n = n * 10 + (*p - '0')) > DURATION_MAX_US)
+				return NULL;
+		/* "ms" before "m": the table runs ms first */
+		for (i = 0; i < NUNITS; i++)
+			if (strncmp(p, duration_units[i].unit,
+			    strlen(duration_units[i].unit)) == 0)
+				break;
+		if (i == NUNITS || n > DURATION_MAX_US / duration_units[i].us)
+			return NULL;
+		total += n * duration_units[i].us;
+		if (total > DURATION_MAX_US)
+			return NULL;
+		p += strlen(duration_units[i].unit);
+	}
+	if (total == 0 || duration_format(total, total_text,
+	    sizeof(total_text)) == -1)
+		return NULL;
+	snprintf(cause, sizeof(cause), "a duration is one number and one unit: "
+	    "%s, not %.40s", total_text, s);
+	return cause;
+}
+
 int
 duration_parse(const char *s, long long *us, const char **cause)
 {
-	const char *p = s;
+	const char *p = s, *sum;
 	long long n = 0;
 
 	if (*p == '.') {
@@ -116,7 +157,10 @@ duration_parse(const char *s, long long *us, const char **cause)
 	*cause = *p == '\0' ? "duration needs a unit: ms, s, m, h or d" :
 	    *p == ' ' || *p == '\t' ? "no space between a duration's number "
 	    "and its unit: 1s, not 1 s" :
-	    /* 1h30m, 0x10s, 1e3ms: not the unit's fault */
+	    /* 1h30m, 0x10s, 1e3ms, 1_000ms: not the unit's fault */
+	    (sum = sum_cause(s)) != NULL ? sum :
+	    *p == '_' || *p == ',' ? "a duration's number has no separators: "
+	    "1000ms, not 1_000ms" :
 	    strpbrk(p, "0123456789") ? "a duration is one decimal number and "
 	    "one unit: 90m, not 1h30m; 1000ms, not 1e3ms" :
 	    bad_unit_cause(p, "unknown duration unit (use ms, s, m, h or d)");
@@ -138,7 +182,14 @@ rate_parse(const char *s, long long *n, long long *period_us,
 	*n = strtoll(s, &end, 10);
 	if (end != slash || errno != 0 || !isdigit((unsigned char)*s) ||
 	    *n < 1 || *n > RATE_COUNT_MAX) {
-		*cause = "rate count must be an integer from 1 to 10^12";
+		size_t after = isdigit((unsigned char)*s) ? (size_t)(end - s) : 0;
+
+		/* what a count was followed by, when it was one */
+		*cause = after && (s[after] == ' ' || s[after] == '\t') ?
+		    "no space before a rate's \"/\": \"10/s\"" :
+		    after && s + after + 1 == slash && s[after] == 'r' ?
+		    "a rate has no r: nginx's 10r/s is \"10/s\" here" :
+		    "rate count must be an integer from 1 to 10^12";
 		return -1;
 	}
 	slash++;

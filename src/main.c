@@ -104,7 +104,7 @@ static void
 say_lines(const char *path, char *const *lines, size_t n, const char *what,
     const char *tag, void (*say)(const char *))
 {
-	size_t plen = strlen(path);
+	size_t plen = strlen(path), unsaid;
 	char more[PATH_MAX + 128];
 	int line, col, at = 0;
 
@@ -112,15 +112,16 @@ say_lines(const char *path, char *const *lines, size_t n, const char *what,
 		say(lines[i]);
 	if (n <= CONFIG_ERRORS_SHOWN)
 		return;
+	unsaid = n - CONFIG_ERRORS_SHOWN;
 	if (strncmp(lines[CONFIG_ERRORS_SHOWN], path, plen) != 0 ||
 	    sscanf(lines[CONFIG_ERRORS_SHOWN] + plen, ":%d:%d: %n", &line, &col,
 	    &at) != 2 || at == 0)
-		snprintf(more, sizeof(more), "%s: ... and %zu more %s", path,
-		    n - CONFIG_ERRORS_SHOWN, what);
+		snprintf(more, sizeof(more), "%s: ... and %zu more %s%s", path,
+		    unsaid, what, unsaid == 1 ? "" : "s");
 	else
-		snprintf(more, sizeof(more), "%s:%d:%d: %s... and %zu more %s "
-		    "from here on", path, line, col, tag, n - CONFIG_ERRORS_SHOWN,
-		    what);
+		snprintf(more, sizeof(more), "%s:%d:%d: %s... and %zu more %s%s "
+		    "from here on", path, line, col, tag, unsaid, what,
+		    unsaid == 1 ? "" : "s");
 	say(more);
 }
 
@@ -130,8 +131,8 @@ static void
 say_refused(const char *path, const struct config_errors *errors,
     void (*say_error)(const char *), void (*say_warning)(const char *))
 {
-	say_lines(path, errors->lines, errors->n, "errors", "", say_error);
-	say_lines(path, errors->warnings, errors->nwarnings, "warnings",
+	say_lines(path, errors->lines, errors->n, "error", "", say_error);
+	say_lines(path, errors->warnings, errors->nwarnings, "warning",
 	    "warning: ", say_warning);
 }
 

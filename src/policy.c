@@ -204,6 +204,19 @@ host_matches(const struct host_parts *w, const struct host_parts *h)
 }
 
 int
+policy_host_covers(const char *a, const char *b)
+{
+	struct host_parts wa, hb;
+
+	/* b as a request's Host: with no port, it stands for requests on
+	 * every port, which a only takes if it names none. */
+	policy_host_split(a, &wa);
+	wa.is_v6 = ipv6_from_text(wa.name, wa.namelen, wa.v6);
+	policy_host_split(b, &hb);
+	return host_matches(&wa, &hb);
+}
+
+int
 policy_route_takes_method(const struct route *r, const char *method)
 {
 	/* HEAD is GET without the body (RFC 9110 9.3.2), served by the same

@@ -40,6 +40,8 @@ const char *policy_uri_authority(const char *uri, char *buf, size_t size);
 
 /* Splits a Host value into its parts (struct host_parts). */
 void policy_host_split(const char *host, struct host_parts *out);
+/* Does every request that match.host b takes match host a too? */
+int policy_host_covers(const char *a, const char *b);
 
 /* Does r's match.methods list method (GET takes HEAD with it)? r must
  * list some. */

@@ -761,6 +761,10 @@ def test_each_duplicate_route_name_is_one_error_naming_the_first(tmp_path):
     # (it had no place, and a tool reading every line as one choked on it)
     assert out[100] == "%s:103:12: ... and 199 more errors from here on" % path, out[-3:]
     assert len(run_bad(str(path))) == 101
+    # one more: an error, not "1 more errors"
+    path.write_text("\n".join(path.read_text().splitlines()[:103]) + "\n")
+    out = validate(str(path)).stderr.decode().splitlines()
+    assert out[100] == "%s:103:12: ... and 1 more error from here on" % path, out[-3:]
 
 
 def test_long_values_are_cut_in_messages(tmp_path):
@@ -925,6 +929,15 @@ def test_too_many_limits_or_routes_points_at_the_first_too_many(tmp_path):
                                          % (i + 1) for i in range(18)]))
     assert errs == [(21, 9, "limits[16]: one too many: at most 16 limits per route, and "
                             "this route has 18")], errs
+    # What is wrong past the cap is said in the same run (an audit found
+    # limits 17 and on unread), and so is a name used twice across it.
+    limits = ["{ algorithm: fixed_window, limit: 1, window: %ds }" % (i + 1) for i in range(18)]
+    limits[17] = "{ algorithm: fixed_window, limit: 1, window: 1 minute }"
+    limits[16] = "{ name: fixed_window, algorithm: gcra, rate: 1/s, burst: 1 }"
+    errs = bad_text(tmp_path, one_route(limits))
+    assert [e[:2] for e in errs] == [(21, 9), (21, 17), (22, 54)], errs
+    assert "two limits are named \"fixed_window\"" in errs[1][2], errs
+    assert "window: \"1 minute\"" in errs[2][2], errs
     text = "routes:\n" + "".join(
         "  - { name: r%d, match: { path: /%d }, limits: [{ algorithm: fixed_window, "
         "limit: 1, window: 1s }] }\n" % (i, i) for i in range(1001))
@@ -1191,6 +1204,75 @@ def test_route_that_can_never_match_is_a_warning(tmp_path):
         'and matches every request it would' % path,
         '%s:20:5: warning: route "after-all" can never match: route "all" (at 18:5) comes '
         'first and matches every request it would' % path], warned
+
+
+def test_utf16_with_its_byte_order_mark_is_read(tmp_path):
+    """YAML allows UTF-16 that starts with its BOM (as a Windows editor
+    saves a file), and libyaml reads it: the README says so, and an error
+    in such a file is placed at its line and column all the same."""
+    text = ("routes:\n"
+            "  - name: a\n"
+            "    limits: [{ algorithm: fixed_window, limit: 1, window: 1m }]\n")
+    path = os.path.join(str(tmp_path), "utf16.yaml")
+    for encoding in ("utf-16-le", "utf-16-be"):
+        with open(path, "wb") as f:
+            f.write("\ufeff".encode(encoding) + text.encode(encoding))
+        p = validate(path)
+        assert p.returncode == 0 and p.stdout.decode() == path + ": ok\n", p.stderr
+    errs = bad_text(tmp_path, "\ufeff".encode("utf-16-le")
+                    + text.replace("1m", "1 m").encode("utf-16-le"))
+    assert [e[:2] for e in errs] == [(3, 59)], errs
+
+
+def test_a_method_no_one_sends_is_a_warning(tmp_path):
+    """A misspelt GET matched no GET, and the route's requests passed
+    unlimited without a word (found by an audit)."""
+    text = ("routes:\n"
+            "  - name: a\n"
+            "    match: { prefix: /, methods: [GETT, get, PURGE, propfind, Fetch] }\n"
+            "    limits: [{ algorithm: fixed_window, limit: 1, window: 1m }]\n")
+    path = write(tmp_path, text.splitlines())
+    p = validate(path)
+    assert p.returncode == 0, p.stderr
+    said = ' is no method HTTP defines (IANA\'s registry: GET, HEAD, POST, PUT, PATCH, ' \
+           'DELETE, OPTIONS, WebDAV\'s...): only a request that sends it matches'
+    assert p.stderr.decode().splitlines() == [
+        '%s:3:35: warning: methods: "GETT"%s' % (path, said),
+        '%s:3:63: warning: methods: "FETCH"%s' % (path, said)], p.stderr
+
+
+@pytest.mark.parametrize("first,later,covered", [
+    ("api.example.com", "API.example.com", True),
+    # spellings of one host, as a request's is compared (an audit found
+    # these later routes dead without a word)
+    ("api.example.com", "api.example.com.", True),
+    ("api.example.com.", "api.example.com", True),
+    ("'[::1]'", "'::1'", True),
+    ("'[2001:db8:0::1]'", "'[2001:db8::1]'", True),
+    # no port in the first takes the later's requests on every port
+    ("api.example.com", "api.example.com:443", True),
+    ("'[2001:db8::1]'", "'[2001:db8::1]:8443'", True),
+    ("api.example.com:443", "api.example.com:443", True),
+    # a port in the first takes only that port's
+    ("api.example.com:443", "api.example.com", False),
+    ("api.example.com:443", "api.example.com:8443", False),
+    ("api.example.com", "www.example.com", False),
+    ("'[::1]'", "'[::2]'", False),
+])
+def test_a_host_covers_its_other_spellings(tmp_path, first, later, covered):
+    text = ("routes:\n"
+            "  - name: g\n"
+            "    match: { host: %s }\n"
+            "    limits: [{ algorithm: fixed_window, limit: 1, window: 1m }]\n"
+            "  - name: h\n"
+            "    match: { host: %s, path: /x }\n"
+            "    limits: [{ algorithm: fixed_window, limit: 1, window: 1m }]\n" % (first, later))
+    path = write(tmp_path, text.splitlines())
+    p = validate(path)
+    assert p.returncode == 0, p.stderr
+    want = ['%s:5:5: warning: route "h" can never match: route "g" (at 2:5) comes first '
+            'and matches every request it would' % path] if covered else []
+    assert p.stderr.decode().splitlines() == want, (first, later)
 
 
 def test_the_daemon_logs_the_warning(start_daemon):

@@ -156,6 +156,13 @@ test_durations(void)
 	    "\"5/10s\"") == 0);
 	CHECK(rate_parse("10/s/2", &n, &p, &cause) == -1 &&
 	    strcmp(cause, "a rate has one \"/\": \"10/s\" or \"5/10s\"") == 0);
+	CHECK(rate_parse("10 / s", &n, &p, &cause) == -1 &&
+	    strcmp(cause, "no space before a rate's \"/\": \"10/s\"") == 0);
+	CHECK(rate_parse("10r/s", &n, &p, &cause) == -1 &&
+	    strcmp(cause, "a rate has no r: nginx's 10r/s is \"10/s\" "
+	    "here") == 0);
+	CHECK(rate_parse("10x/s", &n, &p, &cause) == -1 &&
+	    strcmp(cause, "rate count must be an integer from 1 to 10^12") == 0);
 	CHECK(rate_parse("10/ s", &n, &p, &cause) == -1 &&
 	    strcmp(cause, "no space after a rate's \"/\": \"10/s\"") == 0);
 	CHECK(rate_parse("10/min", &n, &p, &cause) == -1 &&
@@ -163,11 +170,28 @@ test_durations(void)
 	CHECK(duration_parse("2Days", &us, &cause) == -1 &&
 	    strcmp(cause, "units are ms, s, m, h or d: d for days") == 0);
 	/* Not the unit's fault (an audit saw "unknown duration unit"). */
-	for (const char *const *d = (const char *const[]){ "1h30m", "1d1h",
-	    "0x10s", "1e3ms", NULL }; *d; d++)
+	for (const char *const *d = (const char *const[]){ "0x10s", "1e3ms",
+	    NULL }; *d; d++)
 		CHECK(duration_parse(*d, &us, &cause) == -1 &&
 		    strcmp(cause, "a duration is one decimal number and one "
 		    "unit: 90m, not 1h30m; 1000ms, not 1e3ms") == 0);
+	/* A sum is answered with what it adds up to (a canned "90m, not
+	 * 1h30m" answered 1m30s, where 90s was right). */
+	CHECK(duration_parse("1m30s", &us, &cause) == -1 &&
+	    strcmp(cause, "a duration is one number and one unit: 90s, not "
+	    "1m30s") == 0);
+	CHECK(duration_parse("1h30m", &us, &cause) == -1 &&
+	    strcmp(cause, "a duration is one number and one unit: 90m, not "
+	    "1h30m") == 0);
+	CHECK(duration_parse("1d1h", &us, &cause) == -1 &&
+	    strstr(cause, ": 25h, not 1d1h") != NULL);
+	CHECK(duration_parse("1s500ms", &us, &cause) == -1 &&
+	    strstr(cause, ": 1500ms, not 1s500ms") != NULL);
+	CHECK(duration_parse("366d1h", &us, &cause) == -1 &&
+	    strstr(cause, "one decimal number") != NULL);	/* past the cap */
+	CHECK(duration_parse("1_000ms", &us, &cause) == -1 &&
+	    strcmp(cause, "a duration's number has no separators: 1000ms, "
+	    "not 1_000ms") == 0);
 	CHECK(rate_parse("10/1h30m", &n, &p, &cause) == -1 &&
 	    strstr(cause, "not 1h30m") != NULL);
 	CHECK(rate_parse("10/-1s", &n, &p, &cause) == -1 &&
