@@ -906,8 +906,16 @@ on_handshake_timeout(evutil_socket_t fd, short what, void *arg)
 		schedule_retry(st);
 		return;
 	}
+	/* Which half failed says where to look: the network (a firewall
+	 * that drops, a host that is gone) or the server (paused, loading,
+	 * overloaded, or a proxy in front of a Redis that is). */
 	if (!st->st_logged_down)
-		log_warnx("%s: no answer within connect_timeout", st->st_who);
+		log_warnx("%s: no answer within connect_timeout (%lld ms): %s",
+		    st->st_who, st->st_connect_timeout_us / 1000, st->st_tcp_up ?
+		    "the connection was made, and nothing of the handshake "
+		    "was answered (a Redis paused or overloaded, or a proxy "
+		    "whose Redis is)" : "the TCP connection was not made (a "
+		    "firewall that drops packets, a host that is down)");
 	st->st_logged_down = 1;
 	on_drop(-1, 0, st);
 }

@@ -472,6 +472,30 @@ def test_a_link_silent_after_its_handshake_is_dropped_without_checks(start_daemo
         proxy.close()
 
 
+class Silent(Listener):
+    """Takes each connection and never answers it."""
+
+    def take(self, sock):
+        self.socks.append(sock)
+
+
+def test_a_handshake_never_answered_says_which_half_failed(start_daemon):
+    """"no answer within connect_timeout" said neither the value nor
+    whether the connection was made (an audit): the network or the
+    server is where to look."""
+    silent = Silent()
+    try:
+        d = start_daemon(policy(route("r", "/"), redis="  connect_timeout: 200ms\n"),
+                         wait_ready=False, redis_port=silent.port)
+        said = "no answer within connect_timeout (200 ms): the connection was made, " \
+            "and nothing of the handshake was answered"
+        assert wait_until(lambda: said in d.log(), timeout=5), d.log()
+        assert d.log().count("no answer within connect_timeout") == 1, d.log()
+        assert check(d, "/check/x").headers["X-RateLimit-Remaining"] == "-1"
+    finally:
+        silent.close()
+
+
 def test_a_reply_out_of_step_drops_the_link_before_any_verdict_is_misdelivered(
         start_daemon, redis_server):
     """A middlebox put one reply no command asked for ahead of the replies:

@@ -142,7 +142,7 @@ def main_thread_reads(d, act):
         tracer.send_signal(signal.SIGINT)
         tracer.wait(timeout=10)
     with open(out) as f:
-        return sum(1 for line in f if line.startswith("read("))
+        return [line for line in f if line.startswith("read(")]
 
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
@@ -154,6 +154,7 @@ def test_writes_beside_the_policy_do_not_wake_the_watcher(ops_daemon):
     d = ops_daemon(policy(route("api", "/api/", fw(3))))
     beside = os.path.join(os.path.dirname(d.policy_path), "app.log")
     open(beside, "w").close()  # its creation is a name coming: seen
+    time.sleep(0.5)             # ... and read before the count starts
 
     def write_beside():
         with open(beside, "a") as f:
@@ -161,13 +162,16 @@ def test_writes_beside_the_policy_do_not_wake_the_watcher(ops_daemon):
                 f.write("line %d\n" % i)
                 f.flush()
                 time.sleep(0.001)
-    assert main_thread_reads(d, write_beside) == 0
+    # 300 writes woke it thousands of times; a read of something else
+    # (on a busy machine, the creation's event read late) is not that.
+    reads = main_thread_reads(d, write_beside)
+    assert len(reads) <= 2, reads[:5]
 
     def edit_in_place():  # the control: a write to the policy is seen
         with open(d.policy_path, "w") as f:
             f.write(render(d, policy(route("api", "/api/", fw(50)))))
         assert wait_policy_limit(d, "api", 50, timeout=RELOAD_S)
-    assert main_thread_reads(d, edit_in_place) >= 1
+    assert len(main_thread_reads(d, edit_in_place)) >= 1
 
 
 def test_listen_and_workers_stay_in_force_and_in_the_policy(ops_daemon):
