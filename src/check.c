@@ -664,18 +664,25 @@ first_present(const char *(*lookup)(void *, const char *, unsigned), void *ctx,
 	return v && *v ? v : otherwise;
 }
 
-/* The original request's host: X-Forwarded-Host, which a proxy sets to
- * say it; else the authority of an absolute-form URI, which RFC 9112
- * 3.2.2 puts before Host (and nginx's $host with it); else Host. */
+/*
+ * The original request's host: X-Forwarded-Host, which a proxy sets to
+ * say it; else the authority of request_target when it is in absolute
+ * form, which RFC 9112 3.2.2 puts in place of Host (nginx's $host reads
+ * it so); else Host. request_target is the check request's own request
+ * line, or /v1/check's "path": what the gateway or the caller wrote, never
+ * an X-Original-URI a gateway may pass through from its client (no gateway
+ * writes one absolute: nginx's $request_uri never has the authority).
+ */
 static const char *
 original_host(const char *(*lookup)(void *, const char *, unsigned), void *ctx,
-    const char *uri, char *authority, size_t size)
+    const char *request_target, char *authority, size_t size)
 {
 	const char *host = lookup(ctx, "X-Forwarded-Host", 0);
 
 	if (host && *host)
 		return host;
-	if ((host = policy_uri_authority(uri, authority, size)) != NULL)
+	if (request_target && (host = policy_uri_authority(request_target,
+	    authority, size)) != NULL)
 		return host;
 	host = lookup(ctx, "Host", 0);
 	return host && *host ? host : NULL;
@@ -723,8 +730,8 @@ check_forward(struct worker *w, struct http_request *req, const char *rest)
 	    NULL);
 	policy_normalize_uri(uri ? uri : rest, path, sizeof(path), &in.query);
 	in.path = path;
-	in.host = original_host(header_lookup, req, uri ? uri : request_uri(req),
-	    authority, sizeof(authority));
+	in.host = original_host(header_lookup, req, request_uri(req), authority,
+	    sizeof(authority));
 	in.ip = NULL;
 	in.header = header_lookup;
 	in.header_ctx = req;
@@ -903,7 +910,7 @@ json_describe(const struct config *c, struct http_request *req,
 	    first_present(json_header_lookup, d->headers, "X-Original-Method",
 	    "X-Forwarded-Method", "GET");
 	in->host = d->host && *d->host ? d->host :
-	    original_host(json_header_lookup, d->headers, uri, authority,
+	    original_host(json_header_lookup, d->headers, d->uri, authority,
 	    CHECK_AUTHORITY_MAX);
 	in->ip = ip;
 	in->header = json_header_lookup;

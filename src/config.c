@@ -30,6 +30,10 @@
 #include "xmalloc.h"
 #include "yamldoc.h"
 
+/* Limits of one route read for their errors, past CONFIG_LIMITS_MAX:
+ * a list that long is a mistake, and each is compared with the others. */
+#define LIMITS_READ_MAX	(4 * CONFIG_LIMITS_MAX)
+
 #define QUOTA_MAX	RATE_COUNT_MAX
 #define REGEX_MAX_LEN	4096
 #define LEAKY_HOLD_WARN_US (5 * US_PER_S)
@@ -1183,17 +1187,17 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 		node_error(ld, nd, "limits: must not be empty");
 		return -1;
 	}
-	/* Over the cap: said, and the limits past it still read (as many as
-	 * a file may have routes), so that what else is wrong in them is
-	 * said in the same run: they are to be cut or moved, not fixed
-	 * first and found wrong after. */
+	/* Over the cap: said, and the limits past it still read (up to
+	 * LIMITS_READ_MAX), so that what else is wrong in them is said in the
+	 * same run: they are to be cut or moved, not fixed first and found
+	 * wrong after. */
 	if (nd->nitems > CONFIG_LIMITS_MAX) {
 		node_error(ld, nd->items[CONFIG_LIMITS_MAX], "limits[%d]: one too "
 		    "many: at most %d limits per route, and this route has %zu",
 		    CONFIG_LIMITS_MAX, CONFIG_LIMITS_MAX, nd->nitems);
 		bad = 1;
 	}
-	nitems = nd->nitems > CONFIG_ROUTES_MAX ? CONFIG_ROUTES_MAX : nd->nitems;
+	nitems = nd->nitems > LIMITS_READ_MAX ? LIMITS_READ_MAX : nd->nitems;
 	set->limits = xcalloc(nitems, sizeof(*set->limits));
 	named = xcalloc(nitems, sizeof(*named));
 	for (size_t i = 0; i < nitems; i++) {

@@ -114,6 +114,14 @@ sum_cause(const char *s)
 	return cause;
 }
 
+/* Three digits and no fourth: what follows a thousands separator. */
+static int
+thousands_group(const char *p)
+{
+	return isdigit((unsigned char)p[0]) && isdigit((unsigned char)p[1]) &&
+	    isdigit((unsigned char)p[2]) && !isdigit((unsigned char)p[3]);
+}
+
 int
 duration_parse(const char *s, long long *us, const char **cause)
 {
@@ -159,8 +167,9 @@ duration_parse(const char *s, long long *us, const char **cause)
 	    "and its unit: 1s, not 1 s" :
 	    /* 1h30m, 0x10s, 1e3ms, 1_000ms: not the unit's fault */
 	    (sum = sum_cause(s)) != NULL ? sum :
-	    *p == '_' || *p == ',' ? "a duration's number has no separators: "
-	    "1000ms, not 1_000ms" :
+	    *p == '_' || (*p == ',' && thousands_group(p + 1)) ? "a "
+	    "duration's number has no separators: 1000ms, not 1_000ms" :
+	    *p == ',' ? duration_fraction :	/* "1,5s": a decimal comma */
 	    strpbrk(p, "0123456789") ? "a duration is one decimal number and "
 	    "one unit: 90m, not 1h30m; 1000ms, not 1e3ms" :
 	    bad_unit_cause(p, "unknown duration unit (use ms, s, m, h or d)");

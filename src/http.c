@@ -113,8 +113,8 @@ http_dispatch(struct http_request *req, void *arg)
 	int get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
 
 	/* A server must accept the absolute form (http://host/path), which a
-	 * client talking to a proxy sends; the authority names this server,
-	 * so only the path counts. */
+	 * client talking to a proxy sends: the path chooses the endpoint, and
+	 * the authority stands for Host (see check.c's original_host). */
 	uri = policy_origin_form(uri);
 	if (*uri == '\0')
 		uri = "/";

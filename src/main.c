@@ -704,11 +704,16 @@ watch_policy_file(struct env *env)
 	env->poll_ev = event_new(env->base, -1, EV_PERSIST, on_file_check, env);
 	event_add(env->poll_ev, &poll);
 	env->inotify_fd = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
-	watch_policy_names(env);
-	if (env->dir_wd == -1 || env->file_wd == -1)
-		log_warn("inotify on the policy file and its directory; "
-		    "polling only");
-	if (env->inotify_fd != -1) {
+	if (env->inotify_fd == -1)
+		log_warn("inotify: the policy file is looked at once a second "
+		    "only");
+	else {
+		/* Both are tried again at every poll. */
+		watch_policy_names(env);
+		if (env->dir_wd == -1 || env->file_wd == -1)
+			log_warnx("inotify on the policy %s failed: its changes are "
+			    "seen by a look once a second until it takes",
+			    env->dir_wd == -1 ? "file's directory" : "file");
 		env->inotify_ev = event_new(env->base, env->inotify_fd,
 		    EV_READ | EV_PERSIST, on_inotify, env);
 		event_add(env->inotify_ev, NULL);

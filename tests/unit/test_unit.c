@@ -192,6 +192,10 @@ test_durations(void)
 	CHECK(duration_parse("1_000ms", &us, &cause) == -1 &&
 	    strcmp(cause, "a duration's number has no separators: 1000ms, "
 	    "not 1_000ms") == 0);
+	CHECK(duration_parse("1,000ms", &us, &cause) == -1 &&
+	    strstr(cause, "no separators") != NULL);
+	CHECK(duration_parse("1,5s", &us, &cause) == -1 &&
+	    duration_cause_is_fraction(cause));	/* a decimal comma */
 	CHECK(rate_parse("10/1h30m", &n, &p, &cause) == -1 &&
 	    strstr(cause, "not 1h30m") != NULL);
 	CHECK(rate_parse("10/-1s", &n, &p, &cause) == -1 &&
@@ -484,6 +488,48 @@ test_normalize(void)
 		else
 			CHECK(q == NULL);
 	}
+}
+
+static void
+test_authority_and_host_cover(void)
+{
+	/* uri, its authority (NULL: none) */
+	static const struct { const char *uri, *authority; } cases[] = {
+		{ "http://api.example.com/x", "api.example.com" },
+		{ "HTTPS://API.example.com:8443?q=/x", "API.example.com:8443" },
+		{ "http://user:pw@h@api.example.com#f", "api.example.com" },
+		{ "http://[::1]:8080/", "[::1]:8080" },
+		{ "http:///x", NULL },
+		{ "http://", NULL },
+		{ "/check/x", NULL },
+		{ "//api.example.com/x", NULL },	/* a path, to HTTP */
+		{ "ftp://api.example.com/x", NULL },
+	};
+	/* a route's host, a later route's, does the first take all of its */
+	static const struct { const char *a, *b; int covers; } covers[] = {
+		{ "api.example.com", "API.example.com.", 1 },
+		{ "[2001:db8:0::1]", "2001:db8::1", 1 },
+		{ "api.example.com", "api.example.com:443", 1 },
+		{ "api.example.com:443", "api.example.com", 0 },
+		{ "api.example.com:443", "api.example.com:443", 1 },
+		{ "api.example.com:443", "api.example.com:8443", 0 },
+		{ "a.example.com", "b.example.com", 0 },
+	};
+	char buf[64], tiny[5];
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const char *got = policy_uri_authority(cases[i].uri, buf, sizeof(buf));
+
+		if (cases[i].authority)
+			CHECK(got == buf && strcmp(got, cases[i].authority) == 0);
+		else
+			CHECK(got == NULL);
+	}
+	/* cut to the buffer, never past it */
+	CHECK(policy_uri_authority("http://api.example.com/", tiny, sizeof(tiny)) ==
+	    tiny && strcmp(tiny, "api.") == 0);
+	for (size_t i = 0; i < sizeof(covers) / sizeof(covers[0]); i++)
+		CHECK(policy_host_covers(covers[i].a, covers[i].b) == covers[i].covers);
 }
 
 struct fake_headers {
@@ -1317,6 +1363,7 @@ static const struct {
 	{ "policy: a good file", test_config_good },
 	{ "policy: errors with positions", test_config_errors },
 	{ "path normalization", test_normalize },
+	{ "absolute-form authority, host covers", test_authority_and_host_cover },
 	{ "routes and keys", test_routes_and_keys },
 	{ "methods: HEAD with GET", test_methods },
 	{ "regex vetting", test_rxcheck },
