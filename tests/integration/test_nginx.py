@@ -281,6 +281,31 @@ def test_allowed_then_429_with_headers_copied(gateway, upstream, redis_server):
     assert redis_server.client().exists("rl:{api:127.0.0.1}:w:sliding_window_log") == 1
 
 
+def closed_toward(port):
+    """Connections to 127.0.0.1:port that their client closed (TIME_WAIT
+    on its side): a gateway's that it did not keep alive."""
+    out = subprocess.run(["ss", "-Htn", "state", "time-wait", "dst", "127.0.0.1:%d" % port],
+                         capture_output=True, text=True, check=True).stdout
+    return len(out.splitlines())
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss")
+def test_denials_keep_the_connection_to_the_daemon(gateway, upstream):
+    """auth_request reads no reply body, so a connection whose reply had one
+    (a denial's JSON) could not go back to the keepalive pool: asked with
+    GET, each denial cost a new TCP connection to the daemon, and a flood
+    of denials a flood of connections (an audit). Asked with HEAD, no
+    reply has a body."""
+    for _ in range(3):
+        assert get(gateway, "/api/items").status_code == 200
+    before = closed_toward(gateway.daemon.port)
+    for _ in range(20):
+        assert get(gateway, "/api/items").status_code == 429
+    for _ in range(5):  # missing_key's 403 has a body too
+        assert get(gateway, "/keyed/x").status_code == 403
+    assert closed_toward(gateway.daemon.port) - before <= 1, gateway.log()
+
+
 def test_unmatched_path_passes_without_headers(gateway, upstream):
     for _ in range(6):
         r = get(gateway, "/static/app.js")
