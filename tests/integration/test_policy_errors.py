@@ -1061,6 +1061,9 @@ def test_override_key_listed_twice_is_an_error(tmp_path):
     # on a route keyed by ip, two spellings of one address are one client
     errs = bad_text(tmp_path, text.replace("header:K", "ip").replace(
         "[b, b]", '["::1", "0:0:0:0:0:0:0:1"]').replace("[c, a]", "[c]"))
+    # (the keys that are no address are warned about after the error)
+    assert [e[:2] for e in errs if e[2].startswith("warning: ")] == [(8, 18), (8, 21), (9, 18)]
+    errs = [e for e in errs if not e[2].startswith("warning: ")]
     assert errs == [(10, 25, 'overrides: client key "0:0:0:0:0:0:0:1" is already listed '
                              'at 10:18 (the same address); only its first override would '
                              'apply')], errs
@@ -1384,6 +1387,27 @@ def test_what_can_never_apply_is_a_warning(tmp_path):
         'it)')], p.stderr.decode()
 
 
+
+def test_override_warnings_come_with_a_duplicate_key_error(tmp_path):
+    """The file's warnings come after its errors: a range among a route's
+    override keys was warned about only once a key listed twice there was
+    fixed (an audit)."""
+    path = write(tmp_path, [
+        "routes:",
+        "  - name: a",
+        "    key: ip",
+        "    limits: [{ algorithm: fixed_window, limit: 1, window: 1m }]",
+        "    overrides:",
+        "      - keys: ['10.0.0.0/8', 10.1.1.1, 10.1.1.1]",
+        "        limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]"])
+    p = validate(path)
+    assert p.returncode == 1
+    assert p.stderr.decode().splitlines() == [
+        '%s:6:40: overrides: client key "10.1.1.1" is already listed at 6:30; only its '
+        'first override would apply' % path,
+        '%s:6:16: warning: overrides: "10.0.0.0/8" is a range, and a key is one client: '
+        'list its addresses' % path], p.stderr.decode()
+
 @pytest.mark.parametrize("lineno,text,token", [
     (12, "    key: ['cookie:a=b', ip]", "'cookie:a=b'"),
     (12, "    key: ['cookie:a;b', ip]", "'cookie:a;b'"),
@@ -1601,6 +1625,9 @@ def test_client_ipv6_prefix_overrides_in_one_network_are_one_client(tmp_path):
     run_good(write(tmp_path, lines))                # two clients without the prefix
     path = write(tmp_path, lines + ["client_ipv6_prefix: 64"])
     errs = run_bad(path)
+    # each key's own warning (it names its whole /64) comes after the error
+    assert [e[:2] for e in errs if e[2].startswith("warning: ")] == [(17, 18), (18, 18)]
+    errs = [e for e in errs if not e[2].startswith("warning: ")]
     assert errs == [(18, 18, 'overrides: client key "2001:db8::2" is already listed at '
                      '17:18 (the same client: client_ipv6_prefix counts the addresses '
                      'of a network as one); only its first override would apply')], errs
@@ -1647,5 +1674,6 @@ def test_client_ipv6_prefix_override_warnings_say_what_a_key_names(tmp_path):
     lines = with_overrides('{ keys: ["2001:db8::1"], unlimited: true }',
                            '{ keys: ["2001:DB8::1"], unlimited: true }')
     errs = run_bad(write(tmp_path, lines + ["client_ipv6_prefix: 64"]))
+    errs = [e for e in errs if not e[2].startswith("warning: ")]
     assert errs == [(18, 18, 'overrides: client key "2001:DB8::1" is already listed at '
                      '17:18 (the same address); only its first override would apply')], errs
