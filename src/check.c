@@ -727,8 +727,8 @@ check_forward(struct worker *w, struct http_request *req, const char *rest)
 	}
 	ck = check_get(w, req, 0);
 	uri = first_present(header_lookup, req, "X-Original-URI", "X-Forwarded-Uri",
-	    NULL);
-	policy_normalize_uri(uri ? uri : rest, path, sizeof(path), &in.query);
+	    rest);
+	policy_normalize_uri(uri, path, sizeof(path), &in.query);
 	in.path = path;
 	in.host = original_host(header_lookup, req, request_uri(req), authority,
 	    sizeof(authority));

@@ -16,30 +16,36 @@
 #include "policy.h"
 #include "xmalloc.h"
 
+/* The length of an absolute-form URI's "http://" or "https://", else 0. */
+static size_t
+scheme_len(const char *uri)
+{
+	if (strncasecmp(uri, "http://", 7) == 0)
+		return 7;
+	if (strncasecmp(uri, "https://", 8) == 0)
+		return 8;
+	return 0;
+}
+
 const char *
 policy_origin_form(const char *uri)
 {
+	size_t scheme = scheme_len(uri);
+
 	/* The authority ends at the first '/', '?' or '#': a '/' in the
 	 * query is not the path. */
-	if (strncasecmp(uri, "http://", 7) == 0)
-		uri += 7;
-	else if (strncasecmp(uri, "https://", 8) == 0)
-		uri += 8;
-	else
-		return uri;
-	return uri + strcspn(uri, "/?#");
+	return scheme ? uri + scheme + strcspn(uri + scheme, "/?#") : uri;
 }
 
 const char *
 policy_uri_authority(const char *uri, char *buf, size_t size)
 {
-	const char *start = policy_origin_form(uri), *end, *at;
-	size_t len;
+	size_t scheme = scheme_len(uri), len;
+	const char *start = uri + scheme, *end, *at;
 
-	if (start == uri)
+	if (scheme == 0)
 		return NULL;
-	end = start;
-	start = uri + (uri[4] == ':' ? 7 : 8);	/* past http:// or https:// */
+	end = start + strcspn(start, "/?#");
 	/* user:password@ names no host; the last '@' ends it, as a '@'
 	 * cannot be in a host */
 	for (at = start; at < end; at++)
@@ -203,6 +209,15 @@ host_matches(const struct host_parts *w, const struct host_parts *h)
 	return w->portlen == portlen && memcmp(w->port, port, portlen) == 0;
 }
 
+/* A route's match.host as host_matches compares it: split, and an IPv6
+ * address read, once. */
+static void
+route_host_parts(const char *host, struct host_parts *hp)
+{
+	policy_host_split(host, hp);
+	hp->is_v6 = ipv6_from_text(hp->name, hp->namelen, hp->v6);
+}
+
 int
 policy_host_covers(const char *a, const char *b)
 {
@@ -210,8 +225,7 @@ policy_host_covers(const char *a, const char *b)
 
 	/* b as a request's Host: with no port, it stands for requests on
 	 * every port, which a only takes if it names none. */
-	policy_host_split(a, &wa);
-	wa.is_v6 = ipv6_from_text(wa.name, wa.namelen, wa.v6);
+	route_host_parts(a, &wa);
 	policy_host_split(b, &hb);
 	return host_matches(&wa, &hb);
 }
@@ -476,12 +490,8 @@ policy_prepare(struct config *config)
 			    r->keys[k].type == KEY_COOKIE;
 		}
 		r->mixes_ip = ip && value;
-		if (r->host) {
-			struct host_parts *hp = &r->host_parts;
-
-			policy_host_split(r->host, hp);
-			hp->is_v6 = ipv6_from_text(hp->name, hp->namelen, hp->v6);
-		}
+		if (r->host)
+			route_host_parts(r->host, &r->host_parts);
 		/* An address as an override key is compared in canonical
 		 * form, as the client IP is written: "2001:DB8::1" is
 		 * 2001:db8::1's exemption. */
