@@ -10,4 +10,5 @@
 if USED.gcra then ALGORITHMS.gcra = {
   check = meter_check,
   commit = meter_commit,
+  hold = meter_hold,
 } end

@@ -17,4 +17,5 @@ if USED.leaky_bucket then ALGORITHMS.leaky_bucket = {
     r.delay = r.reset
   end,
   commit = meter_commit,
+  hold = meter_hold,
 } end

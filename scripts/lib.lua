@@ -170,7 +170,8 @@ end
 -- or the key would go on the old schedule, taking the count with it. For
 -- the algorithms whose expiry depends on those numbers; a fixed window
 -- carries its count itself, and gcra's and the leaky bucket's state is a
--- time, its expiry that time.
+-- time, its expiry that time (their hold, meter_hold, writes only a meter
+-- that held more than the new numbers allow).
 local function hold_for_reset(r, key)
   if r.reset > 0 then expire_in_us(key, r.reset) end
 end
@@ -189,7 +190,7 @@ end
 -- call, its closures cost a call that uses none of them about 5,000
 -- instructions (of 157,000 for one fixed_window check). Each `function
 -- name` below assigns the local declared here.
-local gcd, rat_decode, rat_encode, meter_check, meter_commit
+local gcd, rat_decode, rat_encode, meter_check, meter_commit, meter_hold
 if USED.token_bucket or USED.leaky_bucket or USED.gcra then
 -- Greatest common divisor of two positive integers.
 function gcd(a, b)
@@ -242,10 +243,23 @@ function meter_check(r, key, now, cost, burst, n, period)
   local per, den = period / g, n / g
   local cap = burst * per              -- a full meter, empty after burst/rate
   local d = 0                          -- max(stored - now, 0)
+  local clamped = false                -- the state to store if denied
   local s = call('GET', key)
   if s then
     d = rat_decode(s, now, den, true)
     if d < 0 then d = 0 end
+    -- Under one rate and burst the meter never holds more than cap, so this
+    -- changes only state left under other numbers. A rate raised on reload
+    -- from 1/h to 10/s reads 3 h of meter as 108,000 requests owed, and
+    -- unclamped would lock the client out for 3 h just when it was meant
+    -- to get in sooner. The time alone cannot say what it was at the old
+    -- rate, so a client owes at most a full meter at the new numbers;
+    -- meter_hold stores that if the request is denied, so that the meter
+    -- drains from now.
+    if d > cap then
+      d = cap
+      clamped = rat_encode(now, cap, den)
+    end
   end
   local after = d + cost * per         -- the stored time if admitted, - now
   local allowed = after <= cap
@@ -266,10 +280,17 @@ function meter_check(r, key, now, cost, burst, n, period)
   r.delay = 0
   r.empty_after = after
   r.den = den
+  r.clamped = clamped
 end
 
 function meter_commit(r, key, now)
   call('SET', key, rat_encode(now, r.empty_after, r.den),
        'PX', fmt_int(expiry_ms(r.reset_after)))
+end
+
+function meter_hold(r, key)
+  if r.clamped then
+    call('SET', key, r.clamped, 'PX', fmt_int(expiry_ms(r.reset)))
+  end
 end
 end -- the rational algorithms

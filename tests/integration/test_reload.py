@@ -100,6 +100,34 @@ def test_raised_quota_keeps_count_every_algorithm(ops_daemon):
         assert use_up(d, "k1", 3, path) == [200, 200, 429], a
 
 
+def test_raised_rate_lets_a_spent_client_in_at_the_new_rate(ops_daemon):
+    """gcra and leaky_bucket store a time, not a count: a client that spent
+    a burst of 3 at 1/h owes 3 h, which read at 10/s is 108,000 requests.
+    Raising the rate locked it out for those 3 h (Retry-After: 10800); now
+    it owes at most a full meter at the new numbers, and gets in 100 ms on
+    (the cached denial from before the reload is not used either)."""
+    meters = {"gcra": '{name: q, algorithm: gcra, rate: "%s", burst: 3}',
+              "leaky_bucket": '{name: q, algorithm: leaky_bucket, rate: "%s", burst: 3, '
+                              'delay: false}'}
+
+    def text(rate):
+        return policy("".join(route(a, "/%s/" % a, meters[a] % rate) for a in sorted(meters)))
+    d = ops_daemon(text("1/h"))
+    for a in meters:
+        path = "/check/%s/x" % a
+        assert use_up(d, "k1", 5, path) == [200, 200, 200, 429, 429], a
+    d.write_policy(text("10/s"))
+    d.signal(signal.SIGHUP)
+    for a in meters:
+        assert wait_policy_limit(d, a, "10/s", timeout=RELOAD_S, field="rate"), a
+    for a in meters:
+        r = check(d, "/check/%s/x" % a, headers={"X-Key": "k1"})
+        assert r.status_code == 429 and r.headers["Retry-After"] == "1", (a, r.headers)
+    time.sleep(0.15)
+    for a in meters:
+        assert counted(d, "k1", "/check/%s/x" % a) == 200, a
+
+
 def test_lowered_quota_denies_at_once(ops_daemon):
     d = ops_daemon(policy(route("api", "/api/", fw(5))))
     assert use_up(d, "k1", 3) == [200] * 3

@@ -530,8 +530,9 @@ def test_rate_change_converts_exact_state_conservatively(lim):
     t0 = T0 + 3
     for alg in ("gcra", "leaky_bucket"):
         assert lim("rcv" + alg, (alg, 3, 3, S), t0, cost=2).allowed   # TAT t0 + 666666.67 us
-        rep = lim("rcv" + alg, (alg, 3, 10, S), t0)                   # 10/s: 100 ms each
-        assert not rep.allowed and rep[0]["retry"] == 467             # 466666.67 us
+        rep = lim("rcv" + alg, (alg, 7, 10, S), t0)                   # 10/s: 100 ms each
+        assert not rep.allowed and rep[0]["retry"] == 67              # 66666.67 us
+        assert rep[0]["reset"] == 667 and rep[0]["remaining"] == 0
     # token bucket 3 at 7/3s: a deficit of 2 5/6 tokens, stored in 1/3e6
     # token units; at 1/s that is rounded up to 2833334 us of refill
     spec = ("token_bucket", 3, 7, 3 * S)
@@ -540,6 +541,30 @@ def test_rate_change_converts_exact_state_conservatively(lim):
     assert lim.r.hget("rcvtb", "d") == b"2+2500000/3000000"
     rep = lim("rcvtb", ("token_bucket", 3, 1, S), t0 + 500 * MS)
     assert not rep.allowed and rep[0]["retry"] == 834 and rep[0]["reset"] == 2834
+
+
+def test_raised_rate_owes_at_most_a_full_meter(lim):
+    """A gcra or leaky_bucket stores a time, so a rate raised on reload
+    reads it as more requests owed than the burst: 3 at 1/h is 3 h, which
+    at 10/s is 108,000 requests, and locked the client out for 3 h
+    (retry 10,799,800 ms). A client owes at most a full meter at the new
+    numbers: the next request one emission interval from now."""
+    t0 = T0 + 7
+    for alg in ("gcra", "leaky_bucket"):
+        key = "raise" + alg
+        assert lim(key, (alg, 3, 1, 3600 * S), t0, cost=3).allowed
+        assert lim(key, (alg, 3, 1, 3600 * S), t0 + S)[0]["retry"] == 3599 * S // MS
+        fast = (alg, 3, 10, S)
+        rep = lim(key, fast, t0 + S)
+        assert not rep.allowed and rep[0]["retry"] == 100 and rep[0]["reset"] == 300, alg
+        assert rep[0]["remaining"] == 0
+        assert not lim(key, fast, t0 + S + 100 * MS - 1).allowed
+        assert lim(key, fast, t0 + S + 100 * MS).allowed, alg
+        # a burst lowered likewise: 3 at 10/s owes 300 ms, at most 100 ms
+        # at a burst of 1
+        assert lim(key + "b", fast, t0, cost=3).allowed
+        rep = lim(key + "b", (alg, 1, 10, S), t0)
+        assert not rep.allowed and rep[0]["retry"] == 100 and rep[0]["reset"] == 100
 
 
 def test_clock_going_back_grants_nothing(lim):
