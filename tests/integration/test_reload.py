@@ -128,6 +128,23 @@ def test_raised_rate_lets_a_spent_client_in_at_the_new_rate(ops_daemon):
         assert counted(d, "k1", "/check/%s/x" % a) == 200, a
 
 
+def test_lowered_burst_leaves_a_spent_client_an_empty_bucket(ops_daemon):
+    """A token_bucket keeps the tokens missing: 30 spent of 30 at 1/s, the
+    burst lowered to 5, owed 25 more than the bucket holds (Retry-After:
+    26). Now it owes an empty bucket of 5, and the next token comes 1 s on."""
+    tb = '{name: q, algorithm: token_bucket, rate: "1/s", burst: %d}'
+    d = ops_daemon(policy(route("api", "/api/", tb % 30)))
+    assert use_up(d, "k1", 31) == [200] * 30 + [429]
+    d.write_policy(policy(route("api", "/api/", tb % 5)))
+    d.signal(signal.SIGHUP)
+    assert wait_policy_limit(d, "api", 5, timeout=RELOAD_S, field="burst")
+    r = check(d, "/check/api/x", headers={"X-Key": "k1"})
+    assert r.status_code == 429 and r.headers["Retry-After"] == "1", r.headers
+    assert r.headers["X-RateLimit-Reset"] == "5", r.headers
+    time.sleep(1.05)
+    assert counted(d, "k1") == 200
+
+
 def test_lowered_quota_denies_at_once(ops_daemon):
     d = ops_daemon(policy(route("api", "/api/", fw(5))))
     assert use_up(d, "k1", 3) == [200] * 3

@@ -567,6 +567,25 @@ def test_raised_rate_owes_at_most_a_full_meter(lim):
         assert not rep.allowed and rep[0]["retry"] == 100 and rep[0]["reset"] == 100
 
 
+def test_lowered_burst_owes_at_most_an_empty_bucket(lim):
+    """A token_bucket stores the tokens missing, so a burst lowered on reload
+    from 1000 to 10 left a client that had spent 1000 owing 990 more than
+    the bucket holds: 991 s for a token it would have had in 1 s under
+    either number. It owes at most an empty bucket, stored on denial so the
+    refill counts from then."""
+    t0 = T0 + 9
+    assert lim("lowtb", ("token_bucket", 1000, 1, S), t0, cost=1000).allowed
+    small = ("token_bucket", 10, 1, S)
+    rep = lim("lowtb", small, t0 + 500 * MS)
+    assert not rep.allowed and rep[0]["retry"] == 1000 and rep[0]["reset"] == 10000
+    assert rep[0]["remaining"] == 0
+    assert lim.r.hget("lowtb", "d") == b"10"
+    assert 10000 <= lim.r.pttl("lowtb") <= 10002
+    assert not lim("lowtb", small, t0 + 1500 * MS - 1).allowed
+    rep = lim("lowtb", small, t0 + 1500 * MS)
+    assert rep.allowed and rep[0]["remaining"] == 0
+
+
 def test_clock_going_back_grants_nothing(lim):
     """If Redis's clock steps back (a failover), no algorithm but the fixed
     window (whose earlier window is a different counter) admits more."""
