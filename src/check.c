@@ -29,6 +29,7 @@
 #include "http.h"
 #include "limiter.h"
 #include "log.h"
+#include "logheld.h"
 #include "metrics.h"
 #include "policy.h"
 #include "server.h"
@@ -141,7 +142,6 @@ check_release(struct check *ck)
 	w->w_nfree_checks++;
 }
 
-static void log_redis_errors_held(struct worker *);
 static void check_on_peer_gone(void *);
 
 void
@@ -155,11 +155,7 @@ check_pool_free(struct worker *w)
 		event_free(ck->ck_timer);
 		free(ck);
 	}
-	if (w->w_error_flush_ev) {
-		event_free(w->w_error_flush_ev);
-		w->w_error_flush_ev = NULL;
-	}
-	log_redis_errors_held(w);	/* a count held at shutdown */
+	logheld_finish(&w->w_redis_errors);	/* a count held at shutdown */
 }
 
 static const char *
@@ -377,9 +373,6 @@ check_finish(struct check *ck, enum check_outcome outcome)
 		worker_check_done(w);
 }
 
-static void log_redis_error(struct worker *, const char *, const char *, ...)
-    __attribute__((format(printf, 3, 4)));
-
 static void
 check_on_timer(evutil_socket_t fd, short what, void *arg)
 {
@@ -390,8 +383,9 @@ check_on_timer(evutil_socket_t fd, short what, void *arg)
 	if (ck->ck_phase == CHECK_WAITING) {
 		metrics_redis_error(ck->ck_worker->w_metrics, REDIS_ERROR_TIMEOUT);
 		/* a stall too short for the watchdog is still told */
-		log_redis_error(ck->ck_worker, ck->ck_route->name, "no reply within "
-		    "redis.timeout (%lld ms)", ck->ck_config->redis_timeout_us / 1000);
+		logheld_note(&ck->ck_worker->w_redis_errors, "route %s: no reply "
+		    "within redis.timeout (%lld ms)", ck->ck_route->name,
+		    ck->ck_config->redis_timeout_us / 1000);
 		check_finish(ck, OUTCOME_DEGRADED);
 	} else if (ck->ck_phase == CHECK_DELAYED)
 		check_finish(ck, OUTCOME_VERDICT);
@@ -409,77 +403,31 @@ check_on_peer_gone(void *arg)
 /*
  * A Redis error reply (OOM under maxmemory, READONLY after a failover), or
  * a timeout, fails every check alike, tens of thousands a second: one line
- * a second per worker, saying how many it stands for. The metrics count them all.
- * The errors held back are told by the next line, or by a timer a second
- * after the last line, so the count of a burst that ends is not lost.
+ * a second per worker (w_redis_errors), saying how many it stands for.
+ * The metrics count them all.
  */
-static void
-log_redis_errors_held(struct worker *w)
+void
+check_tell_redis_errors(void *arg, const char *last_raw, const char *ago,
+    unsigned long long more)
 {
+	struct worker *w = arg;
 	/* The server's bytes in it escaped as every untrusted byte in a
 	 * line is (the store has cut the password out); once per line,
 	 * not per failed check. */
-	char last[sizeof(w->w_error_last) * 4], ago[48] = "";
-	long long now = mono_us(), ago_ms = (now - w->w_error_last_us) / 1000;
+	char last[LOGHELD_TEXT_MAX * 4];
 
-	log_escape(last, sizeof(last), w->w_error_last, strlen(w->w_error_last));
-	/* Told by the timer a second on, the latest error is not news: say
-	 * when it happened, or it reads as one after whatever the link did
-	 * since (a READONLY after the line saying the link was dropped). */
-	if (ago_ms >= 100)
-		snprintf(ago, sizeof(ago), " %lld ms ago", ago_ms);
+	log_escape(last, sizeof(last), last_raw, strlen(last_raw));
 	/* Named as the store's lines are: which worker, which Redis. The
 	 * others held back may be of any route and kind: the line names the
 	 * latest, the metrics tell them apart. */
-	if (w->w_errors_unlogged > 1)
+	if (more > 0)
 		log_warnx("worker %d: redis %s: error%s on %s (and %llu more Redis "
 		    "error%s, of any route or kind, since the last such line)",
-		    w->w_id, w->w_config->redis_address, ago, last,
-		    w->w_errors_unlogged - 1, w->w_errors_unlogged == 2 ? "" : "s");
-	else if (w->w_errors_unlogged == 1)
+		    w->w_id, w->w_config->redis_address, ago, last, more,
+		    more == 1 ? "" : "s");
+	else
 		log_warnx("worker %d: redis %s: error%s on %s", w->w_id,
 		    w->w_config->redis_address, ago, last);
-	w->w_error_logged_us = now;
-	w->w_errors_unlogged = 0;
-}
-
-static void
-on_redis_errors_flush(evutil_socket_t fd, short what, void *arg)
-{
-	(void)fd;
-	(void)what;
-	log_redis_errors_held(arg);
-}
-
-static void
-log_redis_error(struct worker *w, const char *route, const char *fmt, ...)
-{
-	long long now = mono_us();
-	int n;
-	va_list ap;
-
-	n = snprintf(w->w_error_last, sizeof(w->w_error_last), "route %s: ", route);
-	if (n > 0 && (size_t)n < sizeof(w->w_error_last)) {
-		va_start(ap, fmt);
-		vsnprintf(w->w_error_last + n, sizeof(w->w_error_last) - (size_t)n,
-		    fmt, ap);
-		va_end(ap);
-	}
-	w->w_errors_unlogged++;
-	w->w_error_last_us = now;
-	if (w->w_error_logged_us != 0 && now - w->w_error_logged_us < 1000000) {
-		struct timeval tv = tv_us(w->w_error_logged_us + 1000000 - now);
-
-		if (w->w_error_flush_ev == NULL)
-			w->w_error_flush_ev = evtimer_new(w->w_base,
-			    on_redis_errors_flush, w);
-		if (!evtimer_pending(w->w_error_flush_ev, NULL))
-			evtimer_add(w->w_error_flush_ev, &tv);
-		return;
-	}
-	if (w->w_error_flush_ev)
-		evtimer_del(w->w_error_flush_ev);
-	log_redis_errors_held(w);
 }
 
 static void
@@ -513,15 +461,16 @@ check_on_reply(void *arg, const struct store_result *res)
 		return;
 	case STORE_ERROR:
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_ERROR);
-		log_redis_error(w, ck->ck_route->name, "%s", res->error ?
-		    res->error : "unknown");
+		logheld_note(&w->w_redis_errors, "route %s: %s",
+		    ck->ck_route->name, res->error ? res->error : "unknown");
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
 	case STORE_OK:
 		break;
 	}
 	if (limiter_parse(ck->ck_set, res->ints, res->nints, &ck->ck_verdict) == -1) {
-		log_redis_error(w, ck->ck_route->name, "malformed script reply");
+		logheld_note(&w->w_redis_errors, "route %s: malformed script reply",
+		    ck->ck_route->name);
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_ERROR);
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
@@ -629,9 +578,9 @@ check_run(struct check *ck, const char *key, size_t keylen, int kind)
 	 * slower than the traffic stays what it can answer in that time. */
 	if (store_behind(w->w_store, ck->ck_config->redis_timeout_us)) {
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_TIMEOUT);
-		log_redis_error(w, ck->ck_route->name, "not sent: a call has waited "
-		    "redis.timeout (%lld ms) for its reply",
-		    ck->ck_config->redis_timeout_us / 1000);
+		logheld_note(&w->w_redis_errors, "route %s: not sent: a call has "
+		    "waited redis.timeout (%lld ms) for its reply",
+		    ck->ck_route->name, ck->ck_config->redis_timeout_us / 1000);
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
 	}

@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "check.h"
+#include "clock.h"
 #include "config.h"
 #include "http.h"
 #include "log.h"
@@ -43,6 +44,50 @@ http_reply_json(struct http_request *req, int status, json_t *o)
 	json_decref(o);
 }
 
+/*
+ * A gateway that sends what the daemon refuses (a header too large, a bad
+ * cost, a path it does not serve) turns each refusal into an error of its
+ * own (nginx's auth_request: a 500), and nothing here said why: an info
+ * line tells the first refusal as it happens, then at most one a second
+ * per worker, with how many it stands for; ratelimitd_http_errors_total
+ * counts them all.
+ */
+void
+http_on_refused(void *arg, int status, const char *why, const char *peer,
+    const char *method, const char *target)
+{
+	struct worker *w = arg;
+
+	metrics_http_error(w->w_metrics, status);
+	if (!log_enabled(LOG_LEVEL_INFO))
+		return;
+	if (method && target)
+		logheld_note(&w->w_refusals, "%.16s %.200s from %s: %d %s", method,
+		    target, peer ? peer : "a unix socket peer", status, why);
+	else
+		logheld_note(&w->w_refusals, "a request from %s: %d %s",
+		    peer ? peer : "a unix socket peer", status, why);
+}
+
+void
+http_tell_refusals(void *arg, const char *last_raw, const char *ago,
+    unsigned long long more)
+{
+	struct worker *w = arg;
+	char last[LOGHELD_TEXT_MAX * 4];
+
+	/* the target's bytes are the client's: escaped once per line */
+	log_escape_bytes(last, sizeof(last), last_raw, strlen(last_raw));
+	if (more > 0)
+		log_info("worker %d: refused %s (%s%sand %llu more refused since "
+		    "the last such line)", w->w_id, last, ago + (*ago == ' '),
+		    *ago ? ", " : "", more);
+	else if (*ago)
+		log_info("worker %d: refused %s (%s)", w->w_id, last, ago + 1);
+	else
+		log_info("worker %d: refused %s", w->w_id, last);
+}
+
 void
 http_reply_json_error(struct http_request *req, int status, const char *fmt, ...)
 {
@@ -52,6 +97,7 @@ http_reply_json_error(struct http_request *req, int status, const char *fmt, ...
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	request_refused(req, status, msg);
 	http_reply_json(req, status, json_pack("{s:s}", "error", msg));
 }
 

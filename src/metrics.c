@@ -29,6 +29,7 @@ static const double metrics_buckets[] = {
 /* Checks per script call: powers of two up to the largest max_batch. */
 static const double batch_buckets[] = { 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000 };
 #define NBATCH (sizeof(batch_buckets) / sizeof(batch_buckets[0]))
+#define NHTTP_ERRORS 7	/* http_error_statuses */
 
 typedef atomic_ullong counter_t;
 
@@ -39,6 +40,7 @@ struct metrics {
 	counter_t	 buckets[NBUCKETS + 1];	/* last is +Inf */
 	counter_t	 duration_ns_sum;
 	counter_t	 redis_errors[REDIS_ERROR_COUNT];
+	counter_t	 http_errors[NHTTP_ERRORS];
 	counter_t	 batch[NBATCH + 1];	/* last is +Inf */
 	counter_t	 batch_sum;
 	atomic_int	 redis_state;
@@ -82,6 +84,13 @@ static const char *const result_names[RESULT_COUNT] = {
 	"allowed", "denied", "shadow_denied", "failed_open", "failed_closed",
 	"no_route",
 };
+/* Every error status the server and the handlers answer with, shown at 0
+ * from the start so an alert on any of them has a series to watch. */
+static const int http_error_statuses[NHTTP_ERRORS] = {
+	400, 404, 413, 431, 500, 501, 505,
+};
+_Static_assert(NHTTP_ERRORS > 4, "500 is http_error_statuses[4]");
+
 static const char *const error_names[REDIS_ERROR_COUNT] = {
 	"timeout", "disconnected", "error", "noscript",
 };
@@ -287,6 +296,21 @@ metrics_redis_error(struct metrics *m, enum redis_error_kind kind)
 }
 
 void
+metrics_http_error(struct metrics *m, int status)
+{
+	size_t i;
+
+	for (i = 0; i < NHTTP_ERRORS; i++)
+		if (http_error_statuses[i] == status)
+			break;
+	/* Every status answered is listed; one added later without its
+	 * place here counts as its class's first rather than not at all. */
+	if (i == NHTTP_ERRORS)
+		i = status >= 500 ? 4 : 0;
+	bump(&m->http_errors[i], 1);
+}
+
+void
 metrics_redis_call(struct metrics *m, size_t checks)
 {
 	size_t b = 0;
@@ -376,6 +400,7 @@ void
 metrics_render(struct evbuffer *out)
 {
 	unsigned long long total, sum_ns = 0, errors[REDIS_ERROR_COUNT] = { 0 };
+	unsigned long long http_errors[NHTTP_ERRORS] = { 0 };
 	char sum[32];
 	unsigned long long buckets[NBUCKETS + 1] = { 0 };
 	unsigned long long batch[NBATCH + 1] = { 0 }, batch_sum = 0;
@@ -444,6 +469,8 @@ metrics_render(struct evbuffer *out)
 		sum_ns += load(&m->duration_ns_sum);
 		for (int k = 0; k < REDIS_ERROR_COUNT; k++)
 			errors[k] += load(&m->redis_errors[k]);
+		for (size_t k = 0; k < NHTTP_ERRORS; k++)
+			http_errors[k] += load(&m->http_errors[k]);
 		for (size_t b = 0; b <= NBATCH; b++)
 			batch[b] += load(&m->batch[b]);
 		batch_sum += load(&m->batch_sum);
@@ -472,6 +499,14 @@ metrics_render(struct evbuffer *out)
 	    "# TYPE ratelimitd_redis_connected gauge\n"
 	    "ratelimitd_redis_connected %d\n",
 	    nworkers > 0 && least == STORE_UP);
+	evbuffer_add_printf(out,
+	    "# HELP ratelimitd_http_errors_total Requests answered with an HTTP "
+	    "error instead of being served (malformed, too large, an unknown "
+	    "path, a bad field), by status.\n"
+	    "# TYPE ratelimitd_http_errors_total counter\n");
+	for (size_t k = 0; k < NHTTP_ERRORS; k++)
+		evbuffer_add_printf(out, "ratelimitd_http_errors_total{status=\"%d\"} %llu\n",
+		    http_error_statuses[k], http_errors[k]);
 	evbuffer_add_printf(out,
 	    "# HELP ratelimitd_config_reloads_total Policy reloads, by result.\n"
 	    "# TYPE ratelimitd_config_reloads_total counter\n"

@@ -41,6 +41,9 @@ void metrics_check(struct metrics *m, unsigned route_id, enum check_result r,
  * limit (limit->metric_id) was one that refused it. */
 void metrics_limit_denied(struct metrics *m, unsigned limit_id);
 void metrics_redis_error(struct metrics *m, enum redis_error_kind kind);
+/* A request was answered with an HTTP error status instead of being served
+ * (malformed, too large, an unknown path, a bad field). */
+void metrics_http_error(struct metrics *m, int status);
 /* A script call carrying `checks` checks was sent. */
 void metrics_redis_call(struct metrics *m, size_t checks);
 /* The worker's Redis link state, an enum store_state. */

@@ -172,6 +172,7 @@ struct server {
 	int			 s_full;	/* not accepting: at the cap */
 	long long		 s_full_logged_us;
 	server_handler		 s_handler;
+	server_refused_cb	 s_on_refused;
 	void			*s_arg;
 	LIST_HEAD(, conn)	 s_conns;
 	time_t			 s_date_sec;	/* what s_date says */
@@ -547,12 +548,25 @@ server_date(struct server *s)
 	return s->s_date;
 }
 
+static void
+conn_refused(struct conn *c, int status, const char *why, const char *method,
+    const char *target)
+{
+	struct server *s = c->c_server;
+
+	if (s->s_on_refused)
+		s->s_on_refused(s->s_arg, status, why,
+		    c->c_has_peer ? c->c_peer : NULL, method, target);
+}
+
 /* Answers a protocol error the handler never saw, then closes. */
 static void
 conn_error(struct conn *c, int status, const char *msg)
 {
 	char buf[512];
 	int n;
+
+	conn_refused(c, status, msg, NULL, NULL);
 
 	n = snprintf(buf, sizeof(buf), "HTTP/1.1 %d %s\r\nDate: %s\r\n"
 	    "Content-Type: application/json\r\nContent-Length: %zu\r\n"
@@ -1578,6 +1592,12 @@ server_new(struct event_base *base, int listen_fd, server_handler handler,
 }
 
 void
+server_on_refused(struct server *srv, server_refused_cb cb)
+{
+	srv->s_on_refused = cb;
+}
+
+void
 server_set_idle_timeout(struct server *srv, long long us)
 {
 	srv->s_idle_us = us;	/* each connection's next timer uses it */
@@ -1797,6 +1817,12 @@ head_put(char *head, size_t n, const char *s)
 		l = room;
 	memcpy(head + n, s, l);
 	return n + l;
+}
+
+void
+request_refused(struct http_request *req, int status, const char *why)
+{
+	conn_refused(req->rq_conn, status, why, req->rq_method, req->rq_uri);
 }
 
 void

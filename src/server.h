@@ -18,10 +18,18 @@ struct http_request;
 
 typedef void (*server_handler)(struct http_request *req, void *arg);
 typedef void (*request_gone_cb)(void *arg);
+/* A request answered with an error instead of being served: the status,
+ * why (escaped already), the peer (NULL for a unix socket), and method and
+ * target when the request line could be read (else NULL, untrusted). */
+typedef void (*server_refused_cb)(void *arg, int status, const char *why,
+    const char *peer, const char *method, const char *target);
 
 struct server *server_new(struct event_base *base, int listen_fd,
     server_handler handler, void *arg);
 void server_set_idle_timeout(struct server *srv, long long us);
+/* Told of every request the server refuses (with the handler's arg), and
+ * of those the handler refuses through request_refused. */
+void server_on_refused(struct server *srv, server_refused_cb cb);
 /* Caps the connections open in all the workers together at n: at it, the
  * one idle longest in the worker taking a new one is closed for it; with
  * none idle, that worker stops accepting until there is room. */
@@ -71,6 +79,9 @@ void request_add_header(struct http_request *req, const char *name,
  */
 int request_on_peer_gone(struct http_request *req, request_gone_cb cb,
     void *arg);
+/* The handler is about to answer req with an error status: tells the
+ * server's refused callback. */
+void request_refused(struct http_request *req, int status, const char *why);
 /* Sends the reply; the request must not be touched afterwards. */
 void request_reply(struct http_request *req, int status,
     const char *content_type, const char *body, size_t len);

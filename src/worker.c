@@ -276,6 +276,9 @@ worker_new(int id, int listen_fd, struct config *config)
 	w->w_denycache = denycache_new();
 	w->w_config = config_ref(config);
 	w->w_server = server_new(w->w_base, listen_fd, http_dispatch, w);
+	server_on_refused(w->w_server, http_on_refused);
+	logheld_init(&w->w_refusals, w->w_base, http_tell_refusals, w);
+	logheld_init(&w->w_redis_errors, w->w_base, check_tell_redis_errors, w);
 	apply_http_settings(w);
 	w->w_config_ev = event_new(w->w_base, -1, 0, on_config, w);
 	w->w_drain_ev = event_new(w->w_base, -1, 0, on_drain, w);
@@ -312,6 +315,7 @@ worker_main(void *arg)
 	replypool_thread_free();
 	server_free(w->w_server);
 	check_pool_free(w);
+	logheld_finish(&w->w_refusals);
 	event_free(w->w_config_ev);
 	event_free(w->w_drain_ev);
 	event_free(w->w_drain_timer_ev);

@@ -13,6 +13,7 @@
 #include <sys/queue.h>
 
 #include "limiter.h"
+#include "logheld.h"
 
 struct config;
 struct check;
@@ -57,11 +58,8 @@ struct worker {
 	LIST_HEAD(, check)	 w_active;	/* in flight, for drain */
 	size_t			 w_nactive;
 
-	long long		 w_error_logged_us; /* see log_redis_error */
-	unsigned long long	 w_errors_unlogged;
-	long long		 w_error_last_us; /* when w_error_last happened */
-	struct event		*w_error_flush_ev;  /* made on first use */
-	char			 w_error_last[256]; /* "route R: error" */
+	struct logheld		 w_redis_errors; /* see check_tell_redis_errors */
+	struct logheld		 w_refusals;	/* see http_on_refused */
 };
 
 struct worker *worker_new(int id, int listen_fd, struct config *config);

@@ -332,3 +332,69 @@ def test_a_stalled_log_reader_never_stalls_checks(start_daemon, tmp_path):
             [l for l in lines if not re.match(rb"^\S+Z (info|warn|access) ", l)][:3]
     finally:
         os.close(reader)
+
+
+def refusal_lines(d):
+    return [l for l in d.log().splitlines() if ": refused " in l]
+
+
+def test_refused_requests_are_told_and_counted(ops_daemon):
+    """A gateway that sends what the daemon refuses gets an error it turns
+    into its own (nginx's auth_request: a 500), and nothing here said why:
+    no line, no metric. Now the first refusal is told at once (what, from
+    whom, the status and why), every one is counted by status, and a burst
+    is told in at most a line a second with how many it stands for."""
+    d = ops_daemon(policy(ROUTES))
+    m = scrape(d)
+    shown = {(n, l.get("status"), v) for n, l, v in m.samples}
+    for status in (400, 404, 413, 431, 500, 501, 505):
+        assert ("ratelimitd_http_errors_total", str(status), 0) in shown, status
+    assert check(d, "/nope").status_code == 404
+    assert wait_until(lambda: refusal_lines(d), timeout=2), d.log()
+    (line,) = refusal_lines(d)
+    assert "refused GET /nope from 127.0.0.1: 404 not found" in line, line
+    # the rest of this second's refusals are held, then told by the timer
+    assert vcheck(d, {"route": "api", "key": "k", "cost": "x"}).status_code == 400
+    assert raw_check(d.port, b"/check/api/x", b"X-Big: " + b"a" * 17000 + b"\r\n") == 431
+    assert wait_until(lambda: len(refusal_lines(d)) >= 2, timeout=3), d.log()
+    time.sleep(0.2)
+    lines = refusal_lines(d)
+    assert len(lines) == 2, lines
+    assert "refused a request from 127.0.0.1: 431 request head larger than 16 KiB (" in lines[1]
+    assert "ms ago, and 1 more refused since the last such line)" in lines[1], lines[1]
+    m = scrape(d)
+    assert m.get("ratelimitd_http_errors_total", status="404") == 1
+    assert m.get("ratelimitd_http_errors_total", status="400") == 1
+    assert m.get("ratelimitd_http_errors_total", status="431") == 1
+    # a flood: counted one by one, told in a line or two
+    for _ in range(50):
+        assert check(d, "/nope\x7f").status_code in (400, 404)
+    time.sleep(1.2)
+    flood = refusal_lines(d)[2:]
+    assert 1 <= len(flood) <= 3, flood
+    m = scrape(d)
+    assert m.get("ratelimitd_http_errors_total", status="404") + \
+        m.get("ratelimitd_http_errors_total", status="400") == 52
+    # checks and their verdicts are not refusals
+    for _ in range(3):
+        check(d, "/check/api/x", headers={"X-Key": "k"})
+    assert scrape(d).get("ratelimitd_http_errors_total", status="400") + \
+        scrape(d).get("ratelimitd_http_errors_total", status="404") == 52
+
+
+def test_refusals_not_told_at_level_warn(ops_daemon):
+    d = ops_daemon(log_policy("{level: warn}"))
+    assert check(d, "/nope").status_code == 404
+    time.sleep(0.2)
+    assert refusal_lines(d) == [], d.log()
+    assert scrape(d).get("ratelimitd_http_errors_total", status="404") == 1
+
+
+def test_refusal_line_escapes_the_target(ops_daemon):
+    d = ops_daemon(log_policy("{format: json}"))
+    assert raw_check(d.port, b"/nope\"\\%0A\xff") == 404
+    assert wait_until(lambda: refusal_lines(d), timeout=2), d.log()
+    lines = [o for o in json_lines(d) if "refused" in o.get("msg", "")]
+    assert len(lines) == 1, lines
+    assert lines[0]["level"] == "info"
+    assert 'GET /nope"\\%0A\\xff from 127.0.0.1: 404 not found' in lines[0]["msg"], lines[0]

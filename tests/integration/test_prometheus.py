@@ -46,7 +46,7 @@ def test_shipped_rules_pass_promtool():
     out = subprocess.run([PROMTOOL, "check", "rules", RULES], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 7 rules found" in out.stdout, out.stdout
+    assert "SUCCESS: 8 rules found" in out.stdout, out.stdout
     tests = os.path.join(ROOT, "tests", "prometheus", "alerts_test.yaml")
     out = subprocess.run([PROMTOOL, "test", "rules", tests], capture_output=True,
                          text=True, timeout=120)
@@ -152,6 +152,16 @@ def test_alerts_fire_on_the_daemons_own_metrics(ops_daemon, prometheus, redis_se
         'ratelimitd_checks_total{route="api",result="allowed"} >= 50'), timeout=10)
     time.sleep(3)                       # a few evaluations with all well
     assert prom.firing() == set()
+
+    # A gateway sends requests the daemon refuses (paths it does not serve).
+    deadline = time.monotonic() + 30
+    while ("RatelimitdRequestsRefused", None) not in prom.firing():
+        assert time.monotonic() < deadline, (prom.firing(), prom.read_log())
+        for _ in range(5):
+            assert requests.get(d.url("/nope"), timeout=2).status_code == 404
+        checks(d, 20, "/check/api/x")
+        time.sleep(0.5)
+    assert prom.query('ratelimitd_http_errors_total{status="404"} > 0')
 
     # Redis answers errors: OOM under maxmemory with noeviction.
     r = redis_server.client()
