@@ -186,7 +186,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_CFLAGS = $(CFLAGS) -fsanitize=fuzzer,address,undefined \
 	      -fno-sanitize-recover=all -fno-omit-frame-pointer -Isrc
 POLICY_FUZZ_SRCS = tests/fuzz/fuzz_policy.c src/config.c src/config_json.c src/duration.c \
-		   src/yamldoc.c src/rxcheck.c src/policy.c src/log.c src/xmalloc.c
+		   src/yamldoc.c src/rxcheck.c src/policy.c src/log.c src/sha256.c src/xmalloc.c
 HTTP_FUZZ_SRCS = tests/fuzz/fuzz_http.c tests/fuzz/loopback.c src/server.c src/chunked.c \
 		 src/log.c \
 		 src/xmalloc.c

@@ -11,6 +11,7 @@
 
 #include "config_json.h"
 #include "duration.h"
+#include "sha256.h"
 #include "xmalloc.h"
 
 /* As a user writes it (duration_format): /v1/policy reads like the file. */
@@ -69,6 +70,29 @@ key_source_json(const struct key_source *k)
 
 	free(text);
 	return j;
+}
+
+/*
+ * An override key stands for itself in /v1/policy only as its SHA-256's
+ * first 64 bits, "sha256:" and 16 hex digits: a key that exempts a client
+ * or gives it a bigger quota is a secret, which anything on the loopback
+ * (every container of a pod) could otherwise read and send. The operator
+ * can still tell which key is in force: printf %s KEY | sha256sum.
+ */
+static json_t *
+key_fingerprint(const char *key)
+{
+	static const char hex[] = "0123456789abcdef";
+	unsigned char digest[SHA256_DIGEST_LEN];
+	char out[sizeof("sha256:") + 16] = "sha256:";
+
+	sha256(key, strlen(key), digest);
+	for (size_t i = 0; i < 8; i++) {
+		out[7 + 2 * i] = hex[digest[i] >> 4];
+		out[8 + 2 * i] = hex[digest[i] & 15];
+	}
+	out[sizeof(out) - 1] = '\0';
+	return json_string(out);
 }
 
 json_t *
@@ -163,7 +187,7 @@ config_to_json(const struct config *c)
 				json_t *oo = json_object(), *ks = json_array();
 
 				for (size_t k = 0; k < ov->nkeys; k++)
-					json_array_append_new(ks, json_string(ov->keys[k]));
+					json_array_append_new(ks, key_fingerprint(ov->keys[k]));
 				json_object_set_new(oo, "keys", ks);
 				if (ov->set.unlimited)
 					json_object_set_new(oo, "unlimited", json_true());

@@ -203,3 +203,16 @@ def test_the_dockerfile_healthcheck_asks_the_daemon(start_daemon):
     d.proc = None       # stopped here, not at teardown
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=10)
     assert r.returncode != 0
+
+
+def test_shipped_policies_exempt_nobody():
+    """`make install` puts conf/ratelimitd.yaml in /etc/ratelimitd: its
+    `internal-monitor` exemption was in force, a bypass key anyone who read
+    the README could send (an audit). The shipped policies keep their
+    exemptions commented out."""
+    for name in sorted(os.listdir(os.path.join(ROOT, "conf"))):
+        if not name.endswith(".yaml") or "policy" not in name and name != "ratelimitd.yaml":
+            continue
+        with open(os.path.join(ROOT, "conf", name)) as f:
+            live = [l for l in f if "unlimited: true" in l.split("#", 1)[0]]
+        assert live == [], (name, live)
