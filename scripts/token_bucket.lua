@@ -4,7 +4,7 @@
 -- bucket, and `ts`, the time it was counted. Storing what is missing rather
 -- than what is left makes a reload that raises the burst take effect at once
 -- without resetting anyone: the new bucket is just as many tokens short
--- (and one lowered is at most empty).
+-- (and one lowered reads at most empty, see below).
 -- The deficit is stored exactly (see rat_encode) and computed in integer
 -- units of 1/per token, of which `den` refill per microsecond: with a
 -- fractional rate such as 5/10s, floating point drifts off the exact count
@@ -14,27 +14,32 @@ if USED.token_bucket then ALGORITHMS.token_bucket = {
     local g = gcd(n, period)
     local per, den = period / g, n / g
     local cap = burst * per
-    local missing = 0
+    -- A deficit over the burst was left by a larger one: a reload lowered
+    -- it, or a sidecar not yet reloaded shares the key. Read as it stands,
+    -- a client that had spent 1000 of a burst lowered to 10 at 1/s would
+    -- wait 991 s for a token it would have had in 1 s under either number.
+    -- These numbers see at most an empty bucket, refilling since the last
+    -- charge (`missing`), while what is stored stays the deficit as it
+    -- stands (`owed`) plus any charge: a sidecar with the larger burst still
+    -- counts every request (storing the capped deficit handed it back the
+    -- difference, 90 of 100 at each denial here, through a rollout), and
+    -- the key lives as long as that needs. Until the excess drains, this
+    -- bucket gives the rate but not its burst back (an admission leaves it
+    -- empty, and the reply says so): the conservative side of both.
+    local missing, owed = 0, 0
     local state = call('HMGET', key, 'd', 'ts')
     if state[1] then
       local m0 = rat_decode(state[1], 0, per, true)
+      local seen = m0 < cap and m0 or cap
       local elapsed = now - (tonumber(state[2]) or now)
       if elapsed < 0 then elapsed = 0 end
       -- compare before multiplying, so an old timestamp cannot overflow
-      if m0 > 0 and elapsed < ceil(m0 / den) then
-        missing = m0 - elapsed * den
+      if seen > 0 and elapsed < ceil(seen / den) then
+        missing = seen - elapsed * den
       end
-    end
-    -- Under one rate and burst the deficit never passes the burst, so this
-    -- changes only state left under a larger burst: lowered on reload from
-    -- 1000 to 10 at 1/s, a client that had spent 1000 would owe 990 more
-    -- than the bucket holds, and wait 991 s for a token it would have had
-    -- in 1 s under either number. It owes at most an empty bucket, stored
-    -- by hold when the request is denied, so the refill counts from now.
-    local clamped = false
-    if missing > cap then
-      missing = cap
-      clamped = formatted[now] or fmt_int(now)
+      if m0 > 0 and elapsed < ceil(m0 / den) then
+        owed = m0 - elapsed * den
+      end
     end
     local x = cap - missing              -- tokens
     local charge = cost * per
@@ -47,26 +52,30 @@ if USED.token_bucket then ALGORITHMS.token_bucket = {
         retry = ceil((charge - x) / den)
       end
     end
+    -- Admitted, the next check reads the stored deficit as these numbers
+    -- see it (missing + charge, unless an excess over the burst is still
+    -- owed): the reply says what that check will find.
+    local after = owed + charge
+    if after > cap then after = cap end
     r.allowed = allowed
     r.remaining = floor(x / per)
-    r.remaining_after = floor((x - charge) / per)
+    r.remaining_after = floor((cap - after) / per)
     r.reset = ceil(missing / den)
-    r.reset_after = ceil((missing + charge) / den)
+    r.reset_after = ceil(after / den)
     r.retry = retry
     r.delay = 0
-    r.missing = missing + charge
+    r.missing = owed + charge            -- what is stored if admitted
     r.per = per
-    r.clamped = clamped
-    r.burst = burst
+    r.owed_for = ceil(owed / den)        -- its life if denied
+    r.den = den
   end,
   commit = function(r, key, now)
     call('HSET', key, 'd', rat_encode(0, r.missing, r.per), 'ts', formatted[now] or fmt_int(now))
-    expire_in_us(key, r.reset_after)
+    expire_in_us(key, ceil(r.missing / r.den))
   end,
+  -- A denial charges nothing; the key's expiry is set from what these
+  -- numbers need to refill what is owed (see hold_for_reset).
   hold = function(r, key)
-    if r.clamped then
-      call('HSET', key, 'd', fmt_int(r.burst), 'ts', r.clamped)
-    end
-    hold_for_reset(r, key)
+    if r.owed_for > 0 then expire_in_us(key, r.owed_for) end
   end,
 } end

@@ -131,7 +131,8 @@ def test_raised_rate_lets_a_spent_client_in_at_the_new_rate(ops_daemon):
 def test_lowered_burst_leaves_a_spent_client_an_empty_bucket(ops_daemon):
     """A token_bucket keeps the tokens missing: 30 spent of 30 at 1/s, the
     burst lowered to 5, owed 25 more than the bucket holds (Retry-After:
-    26). Now it owes an empty bucket of 5, and the next token comes 1 s on."""
+    26). Now the new numbers read at most an empty bucket of 5, and the
+    next token comes 1 s after the last charge."""
     tb = '{name: q, algorithm: token_bucket, rate: "1/s", burst: %d}'
     d = ops_daemon(policy(route("api", "/api/", tb % 30)))
     assert use_up(d, "k1", 31) == [200] * 30 + [429]

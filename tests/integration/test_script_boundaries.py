@@ -567,23 +567,41 @@ def test_raised_rate_owes_at_most_a_full_meter(lim):
         assert not rep.allowed and rep[0]["retry"] == 100 and rep[0]["reset"] == 100
 
 
-def test_lowered_burst_owes_at_most_an_empty_bucket(lim):
+def test_lowered_burst_reads_at_most_an_empty_bucket(lim):
     """A token_bucket stores the tokens missing, so a burst lowered on reload
     from 1000 to 10 left a client that had spent 1000 owing 990 more than
     the bucket holds: 991 s for a token it would have had in 1 s under
-    either number. It owes at most an empty bucket, stored on denial so the
-    refill counts from then."""
+    either number. These numbers now read at most an empty bucket,
+    refilling since the last charge, while the deficit stored stays whole:
+    a sidecar still on the old numbers (a fleet rolling the change out)
+    goes on counting every request against its 1000."""
     t0 = T0 + 9
-    assert lim("lowtb", ("token_bucket", 1000, 1, S), t0, cost=1000).allowed
-    small = ("token_bucket", 10, 1, S)
+    big, small = ("token_bucket", 1000, 1, S), ("token_bucket", 10, 1, S)
+    assert lim("lowtb", big, t0, cost=1000).allowed
     rep = lim("lowtb", small, t0 + 500 * MS)
-    assert not rep.allowed and rep[0]["retry"] == 1000 and rep[0]["reset"] == 10000
+    assert not rep.allowed and rep[0]["retry"] == 500 and rep[0]["reset"] == 9500
     assert rep[0]["remaining"] == 0
-    assert lim.r.hget("lowtb", "d") == b"10"
-    assert 10000 <= lim.r.pttl("lowtb") <= 10002
-    assert not lim("lowtb", small, t0 + 1500 * MS - 1).allowed
-    rep = lim("lowtb", small, t0 + 1500 * MS)
+    assert lim.r.hget("lowtb", "d") == b"1000"          # a denial writes no count
+    assert 999500 <= lim.r.pttl("lowtb") <= 999502      # nor shortens its life
+    assert not lim("lowtb", small, t0 + S - 1).allowed
+    rep = lim("lowtb", small, t0 + S)
     assert rep.allowed and rep[0]["remaining"] == 0
+    assert lim.r.hget("lowtb", "d") == b"1000"          # 999 owed, 1 charged
+    # one a second, as the new numbers say; the old ones still see 1000 owed
+    assert not lim("lowtb", small, t0 + 2 * S - 1).allowed
+    assert not lim("lowtb", big, t0 + 2 * S - 1).allowed
+    assert lim("lowtb", small, t0 + 2 * S).allowed
+    # idle 10 s: the new bucket reads full, but 990 are still owed, so an
+    # admission leaves it empty, and the reply says what the next check finds
+    rep = lim("lowtb", small, t0 + 12 * S)
+    assert rep.allowed and rep[0]["remaining"] == 0 and rep[0]["reset"] == 10000
+    assert not lim("lowtb", small, t0 + 12 * S).allowed
+    # owed less than the burst: the bucket is exact again
+    t1 = t0 + 12 * S + 991 * S             # the 991 owed have refilled
+    rep = lim("lowtb", small, t1)
+    assert rep.allowed and rep[0]["remaining"] == 9, rep[0]
+    rep = lim("lowtb", small, t1)
+    assert rep.allowed and rep[0]["remaining"] == 8, rep[0]
 
 
 def test_clock_going_back_grants_nothing(lim):
