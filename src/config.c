@@ -1257,6 +1257,26 @@ parse_limits(struct loader *ld, const struct node *nd, struct limit_set *set)
 				bad = 1;
 				break;
 			}
+	/* A name given by place moves with the list: a limit of the same
+	 * algorithm added above takes it, and the count with it (an hourly
+	 * fixed_window became fixed_window-2 and started from zero, while a
+	 * new daily one took its count). Said where that can happen. */
+	for (size_t i = 0; !bad && i < set->nlimits; i++) {
+		const struct limit *l = &set->limits[i];
+
+		if (named[i].at->type != NODE_MAPPING)
+			continue;	/* named in the file */
+		for (size_t j = 0; j < set->nlimits; j++)
+			if (j != i && set->limits[j].algorithm == l->algorithm) {
+				warnf(ld, named[i].at, "limits[%zu]: named \"%s\" "
+				    "by its place among this list's %s limits, so a "
+				    "%s limit added above it takes that name and its "
+				    "count: give each a name", i, l->name,
+				    algorithm_names[l->algorithm],
+				    algorithm_names[l->algorithm]);
+				break;
+			}
+	}
 	for (size_t i = 0; i < nitems; i++)
 		free(named[i].refused);
 	free(named);

@@ -1289,7 +1289,7 @@ def test_the_daemon_logs_the_warning(start_daemon):
 
 
 def test_long_leaky_bucket_hold_is_a_warning(tmp_path):
-    text = one_route(['{ algorithm: leaky_bucket, rate: "1/h", burst: 3 }',
+    text = one_route(['{ name: a, algorithm: leaky_bucket, rate: "1/h", burst: 3 }',
                       '{ name: b, algorithm: leaky_bucket, rate: "10/s", burst: 20 }',
                       '{ name: c, algorithm: leaky_bucket, rate: "1/m", burst: 9, '
                       'delay: false }'])
@@ -1300,6 +1300,30 @@ def test_long_leaky_bucket_hold_is_a_warning(tmp_path):
         "%s:5:9: warning: leaky_bucket with delay: true holds the last of a burst 7200.0s "
         "before it answers; the gateway's timeout for the check must be longer "
         "(conf/nginx.conf waits 5s), or use delay: false" % path]
+
+
+def test_limit_named_by_its_place_beside_one_of_its_algorithm_is_a_warning(tmp_path):
+    """An unnamed limit is named by its place among its algorithm's limits,
+    so one added above it takes its name and count (an audit: an hourly
+    fixed_window became fixed_window-2 and started from zero when a daily
+    one was put above it). Said wherever a list holds another limit of the
+    algorithm; a lone unnamed limit and named ones are not."""
+    text = one_route(['{ algorithm: fixed_window, limit: 100, window: 1d }',
+                      '{ algorithm: fixed_window, limit: 5, window: 1h }',
+                      '{ name: g, algorithm: gcra, rate: "1/s", burst: 3 }',
+                      '{ algorithm: gcra, rate: "10/s", burst: 3 }',
+                      '{ algorithm: token_bucket, rate: "10/s", burst: 3 }'])
+    path = write(tmp_path, text.splitlines())
+    p = validate(path)
+    assert p.returncode == 0, p.stderr
+    tail = ("by its place among this list's %s limits, so a %s limit added above "
+            "it takes that name and its count: give each a name")
+    assert p.stderr.decode().splitlines() == [
+        '%s:5:9: warning: limits[0]: named "fixed_window" ' % path
+        + tail % ("fixed_window", "fixed_window"),
+        '%s:6:9: warning: limits[1]: named "fixed_window-2" ' % path
+        + tail % ("fixed_window", "fixed_window"),
+        '%s:8:9: warning: limits[3]: named "gcra-2" ' % path + tail % ("gcra", "gcra")]
 
 
 def test_long_hold_on_a_shadow_route_is_no_warning(tmp_path):
