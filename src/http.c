@@ -61,23 +61,26 @@ http_on_refused(void *arg, int status, const char *why, const char *peer,
 	metrics_http_error(w->w_metrics, status);
 	if (!log_enabled(LOG_LEVEL_INFO))
 		return;
-	if (method && target)
-		logheld_note(&w->w_refusals, "%.16s %.200s from %s: %d %s", method,
-		    target, peer ? peer : "a unix socket peer", status, why);
-	else
+	/* Escaped here, where what is the client's is known: the method and
+	 * target; why is ours, its client bytes escaped already. */
+	if (method && target) {
+		char m[4 * 16 + 1], t[4 * 120 + 1];
+
+		log_escape(m, sizeof(m), method, strnlen(method, 16));
+		log_escape(t, sizeof(t), target, strnlen(target, 120));
+		logheld_note(&w->w_refusals, "%s %s from %s: %d %s", m, t,
+		    peer ? peer : "a unix socket peer", status, why);
+	} else
 		logheld_note(&w->w_refusals, "a request from %s: %d %s",
 		    peer ? peer : "a unix socket peer", status, why);
 }
 
 void
-http_tell_refusals(void *arg, const char *last_raw, const char *ago,
+http_tell_refusals(void *arg, const char *last, const char *ago,
     unsigned long long more)
 {
 	struct worker *w = arg;
-	char last[LOGHELD_TEXT_MAX * 4];
 
-	/* the target's bytes are the client's: escaped once per line */
-	log_escape_bytes(last, sizeof(last), last_raw, strlen(last_raw));
 	if (more > 0)
 		log_info("worker %d: refused %s (%s%sand %llu more refused since "
 		    "the last such line)", w->w_id, last, ago + (*ago == ' '),

@@ -559,14 +559,17 @@ conn_refused(struct conn *c, int status, const char *why, const char *method,
 		    c->c_has_peer ? c->c_peer : NULL, method, target);
 }
 
-/* Answers a protocol error the handler never saw, then closes. */
+/* Answers a protocol error the handler never saw, then closes; rq is the
+ * request whose head was parsed, or NULL when its line is not known. */
 static void
-conn_error(struct conn *c, int status, const char *msg)
+conn_error_in(struct conn *c, const struct http_request *rq, int status,
+    const char *msg)
 {
 	char buf[512];
 	int n;
 
-	conn_refused(c, status, msg, NULL, NULL);
+	conn_refused(c, status, msg, rq ? rq->rq_method : NULL,
+	    rq ? rq->rq_uri : NULL);
 
 	n = snprintf(buf, sizeof(buf), "HTTP/1.1 %d %s\r\nDate: %s\r\n"
 	    "Content-Type: application/json\r\nContent-Length: %zu\r\n"
@@ -576,6 +579,14 @@ conn_error(struct conn *c, int status, const char *msg)
 	c->c_closing = 1;
 	c->c_lingering = 1;	/* whatever follows is not a request */
 	conn_flush(c);
+}
+
+/* The same before the head is parsed: the request line is not known (a
+ * stale one of the connection's last request must not be named). */
+static void
+conn_error(struct conn *c, int status, const char *msg)
+{
+	conn_error_in(c, NULL, status, msg);
 }
 
 static int
@@ -937,19 +948,23 @@ conn_parse_head(struct conn *c)
 		 * is read; framing that could be read two ways is refused,
 		 * and so is a coding nothing here can undo. */
 		if (cl != NULL) {
-			conn_error(c, 400, "both Transfer-Encoding and Content-Length");
+			conn_error_in(c, &c->c_req, 400,
+			    "both Transfer-Encoding and Content-Length");
 			return -1;
 		}
 		if (rq->rq_minor == 0) {
-			conn_error(c, 400, "Transfer-Encoding in an HTTP/1.0 request");
+			conn_error_in(c, &c->c_req, 400,
+			    "Transfer-Encoding in an HTTP/1.0 request");
 			return -1;
 		}
 		if (lines > 1) {	/* which one counts? as nginx */
-			conn_error(c, 400, "Transfer-Encoding given twice");
+			conn_error_in(c, &c->c_req, 400,
+			    "Transfer-Encoding given twice");
 			return -1;
 		}
 		if (!is_chunked(te)) {
-			conn_error(c, 501, "Transfer-Encoding other than chunked");
+			conn_error_in(c, &c->c_req, 501,
+			    "Transfer-Encoding other than chunked");
 			return -1;
 		}
 	}
@@ -959,24 +974,26 @@ conn_parse_head(struct conn *c)
 		if (header_is(&rq->rq_headers[i], "Content-Length", 14) &&
 		    strcmp(rq->rq_headers[i].value, cl) != 0) {
 			/* Two lengths: a request-smuggling attempt; refuse. */
-			conn_error(c, 400, "conflicting Content-Length headers");
+			conn_error_in(c, &c->c_req, 400,
+			    "conflicting Content-Length headers");
 			return -1;
 		}
 	if (cl != NULL) {
 		const char *d = cl;
 
 		if (*d == '\0') {
-			conn_error(c, 400, "malformed Content-Length");
+			conn_error_in(c, &c->c_req, 400, "malformed Content-Length");
 			return -1;
 		}
 		for (; *d; d++) {
 			if (*d < '0' || *d > '9') {
-				conn_error(c, 400, "malformed Content-Length");
+				conn_error_in(c, &c->c_req, 400, "malformed Content-Length");
 				return -1;
 			}
 			body = body * 10 + (unsigned long long)(*d - '0');
 			if (body > SERVER_BODY_MAX) {
-				conn_error(c, 413, "request body larger than 64 KiB");
+				conn_error_in(c, &c->c_req, 413,
+				    "request body larger than 64 KiB");
 				return -1;
 			}
 		}
@@ -997,7 +1014,7 @@ conn_parse_head(struct conn *c)
 	c->c_body_need = (size_t)body;
 	c->c_continue_sent = 0;
 	if (conn_in_reserve(c, head_len + (size_t)body) == -1) {
-		conn_error(c, 413, "request too large");
+		conn_error_in(c, &c->c_req, 413, "request too large");
 		return -1;
 	}
 	return 0;
@@ -1058,14 +1075,15 @@ conn_chunked_body(struct conn *c)
 			conn_continue(c);
 			return (size_t)-1;
 		}
-		conn_error(c, 413, "request too large: its head and chunked body "
-		    "over 84 KiB");
+		conn_error_in(c, &c->c_req, 413, "request too large: its head "
+		    "and chunked body over 84 KiB");
 		return (size_t)-1;
 	case CHUNKED_TOO_LARGE:
-		conn_error(c, 413, "request body larger than 64 KiB");
+		conn_error_in(c, &c->c_req, 413,
+		    "request body larger than 64 KiB");
 		return (size_t)-1;
 	default:
-		conn_error(c, 400, why);
+		conn_error_in(c, &c->c_req, 400, why);
 		return (size_t)-1;
 	}
 }

@@ -391,10 +391,40 @@ def test_refusals_not_told_at_level_warn(ops_daemon):
 
 
 def test_refusal_line_escapes_the_target(ops_daemon):
+    """The target is the client's: escaped as every untrusted byte in a
+    line is, backslash and quote included, so a target that spells an
+    escape out is told apart from the byte (an audit: "/a\\xff" and "/a"
+    with a byte 0xFF made the same line)."""
     d = ops_daemon(log_policy("{format: json}"))
     assert raw_check(d.port, b"/nope\"\\%0A\xff") == 404
     assert wait_until(lambda: refusal_lines(d), timeout=2), d.log()
     lines = [o for o in json_lines(d) if "refused" in o.get("msg", "")]
     assert len(lines) == 1, lines
     assert lines[0]["level"] == "info"
-    assert 'GET /nope"\\%0A\\xff from 127.0.0.1: 404 not found' in lines[0]["msg"], lines[0]
+    assert 'GET /nope\\"\\\\%0A\\xff from 127.0.0.1: 404 not found' in lines[0]["msg"], \
+        lines[0]
+    t = ops_daemon(policy(ROUTES))
+    assert raw_check(t.port, b"/a\\xff") == 404
+    time.sleep(1.1)                     # the next refusal's line is not held
+    assert raw_check(t.port, b"/a\xff") == 404
+    assert wait_until(lambda: len(refusal_lines(t)) >= 2, timeout=3), t.log()
+    first, second = refusal_lines(t)[:2]
+    assert "refused GET /a\\\\xff from" in first, first
+    assert "refused GET /a\\xff from" in second, second
+
+
+def test_refusal_after_the_head_names_the_request(ops_daemon):
+    """A refusal once the head is read (a body too large, a bad
+    Content-Length) names the request line; it said "a request"."""
+    d = ops_daemon(policy(ROUTES))
+    s = socket.create_connection(("127.0.0.1", d.port), timeout=3)
+    try:
+        s.sendall(b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+        assert read_until_close(s).split(b" ", 2)[1] == b"413"
+    finally:
+        s.close()
+    assert wait_until(lambda: refusal_lines(d), timeout=2), d.log()
+    (line,) = refusal_lines(d)
+    assert "refused POST /v1/check from 127.0.0.1: 413 request body larger than 64 KiB" \
+        in line, line
+    assert scrape(d).get("ratelimitd_http_errors_total", status="413") == 1
