@@ -25,7 +25,8 @@ if USED.token_bucket then ALGORITHMS.token_bucket = {
     -- difference, 90 of 100 at each denial here, through a rollout), and
     -- the key lives as long as that needs. Until the excess drains, this
     -- bucket gives the rate but not its burst back (an admission leaves it
-    -- empty, and the reply says so): the conservative side of both.
+    -- as empty as what is owed, and the reply says so): the conservative
+    -- side of both.
     local missing, owed = 0, 0
     local state = call('HMGET', key, 'd', 'ts')
     if state[1] then
@@ -52,30 +53,26 @@ if USED.token_bucket then ALGORITHMS.token_bucket = {
         retry = ceil((charge - x) / den)
       end
     end
-    -- Admitted, the next check reads the stored deficit as these numbers
-    -- see it (missing + charge, unless an excess over the burst is still
-    -- owed): the reply says what that check will find.
+    -- What is stored is `owed`: the reply counts from it, so that it says
+    -- what the next check will find. Under one burst owed is missing;
+    -- with an excess owed (see above) an admission leaves the bucket as
+    -- empty as min(owed + charge, cap) reads, one admitted now is all there
+    -- is, and the bucket is full again once the whole of owed has refilled.
     local after = owed + charge
-    if after > cap then after = cap end
+    local seen_after = after < cap and after or cap
     r.allowed = allowed
-    r.remaining = floor(x / per)
-    r.remaining_after = floor((cap - after) / per)
-    r.reset = ceil(missing / den)
+    r.remaining_after = floor((cap - seen_after) / per)
+    r.remaining = x >= charge and r.remaining_after + cost or floor(x / per)
+    r.reset = ceil(owed / den)
     r.reset_after = ceil(after / den)
     r.retry = retry
     r.delay = 0
-    r.missing = owed + charge            -- what is stored if admitted
+    r.missing = after                    -- what is stored if admitted
     r.per = per
-    r.owed_for = ceil(owed / den)        -- its life if denied
-    r.den = den
   end,
   commit = function(r, key, now)
     call('HSET', key, 'd', rat_encode(0, r.missing, r.per), 'ts', formatted[now] or fmt_int(now))
-    expire_in_us(key, ceil(r.missing / r.den))
+    expire_in_us(key, r.reset_after)
   end,
-  -- A denial charges nothing; the key's expiry is set from what these
-  -- numbers need to refill what is owed (see hold_for_reset).
-  hold = function(r, key)
-    if r.owed_for > 0 then expire_in_us(key, r.owed_for) end
-  end,
+  hold = hold_for_reset,
 } end

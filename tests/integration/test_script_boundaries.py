@@ -579,7 +579,8 @@ def test_lowered_burst_reads_at_most_an_empty_bucket(lim):
     big, small = ("token_bucket", 1000, 1, S), ("token_bucket", 10, 1, S)
     assert lim("lowtb", big, t0, cost=1000).allowed
     rep = lim("lowtb", small, t0 + 500 * MS)
-    assert not rep.allowed and rep[0]["retry"] == 500 and rep[0]["reset"] == 9500
+    # full again once the 999.5 owed have refilled
+    assert not rep.allowed and rep[0]["retry"] == 500 and rep[0]["reset"] == 999500
     assert rep[0]["remaining"] == 0
     assert lim.r.hget("lowtb", "d") == b"1000"          # a denial writes no count
     assert 999500 <= lim.r.pttl("lowtb") <= 999502      # nor shortens its life
@@ -594,10 +595,17 @@ def test_lowered_burst_reads_at_most_an_empty_bucket(lim):
     # idle 10 s: the new bucket reads full, but 990 are still owed, so an
     # admission leaves it empty, and the reply says what the next check finds
     rep = lim("lowtb", small, t0 + 12 * S)
-    assert rep.allowed and rep[0]["remaining"] == 0 and rep[0]["reset"] == 10000
+    assert rep.allowed and rep[0]["remaining"] == 0 and rep[0]["reset"] == 991000
     assert not lim("lowtb", small, t0 + 12 * S).allowed
+    # refilled by 10 but still owing: denied by another limit of the
+    # route, it says the one admission it has left, not 10 (a review)
+    fw = ("fixed_window", 1, 3600 * S, 0)
+    assert lim("lowfw", fw, t0 + 30 * S).allowed
+    rep = lim(["lowtb", "lowfw"], [small, fw], t0 + 30 * S)
+    assert not rep.allowed and rep[0]["allowed"] and rep[0]["remaining"] == 1, rep.limits
+    assert [lim("lowtb", small, t0 + 30 * S).allowed for _ in range(3)] == [True, False, False]
     # owed less than the burst: the bucket is exact again
-    t1 = t0 + 12 * S + 991 * S             # the 991 owed have refilled
+    t1 = t0 + 30 * S + 974 * S             # the 974 owed have refilled
     rep = lim("lowtb", small, t1)
     assert rep.allowed and rep[0]["remaining"] == 9, rep[0]
     rep = lim("lowtb", small, t1)
@@ -617,6 +625,25 @@ def test_clock_going_back_grants_nothing(lim):
         for back in (1, S, 5 * S, 30 * S):
             rep = lim("back" + alg, spec, t - back)
             assert not rep.allowed and rep[0]["retry"] > 0, (alg, back)
+
+
+def test_clock_back_and_forward_again_gives_back_at_most_the_step(lim):
+    """A gcra or leaky_bucket meter read past its cap is stored capped (a
+    reload that raised the rate leaves one), and a Redis clock stepped
+    back reads the same: when it steps forward again the client has the
+    step back, X of meter (X * rate requests), at most its burst, where the
+    meter left alone would have kept it out for X longer (a review)."""
+    for alg in ("gcra", "leaky_bucket"):
+        spec, t = (alg, 3, 1, 10 * S), T0 + 70 * S
+        key = "clk" + alg
+        assert lim(key, spec, t, cost=3).allowed                # full: t + 30 s
+        assert not lim(key, spec, t - 5 * S).allowed            # capped: t + 25 s
+        rep = lim(key, spec, t)
+        assert not rep.allowed and rep[0]["retry"] == 5000, (alg, rep[0])
+        key += "2"
+        assert lim(key, spec, t, cost=3).allowed
+        assert not lim(key, spec, t - 40 * S).allowed           # capped: t - 10 s
+        assert [lim(key, spec, t).allowed for _ in range(4)] == [True] * 3 + [False]
 
 
 def test_model_agrees_on_these_boundaries():
