@@ -910,6 +910,22 @@ method_refused_early(const char *buf, size_t len)
 	return 0;
 }
 
+/* Does the head begun in buf hold a CR that is no line end's? A head with
+ * bare CRs for line ends never ends, so parse_head (which refuses a bare
+ * CR) would not see it until idle_timeout: nginx answers 400 at once. */
+static int
+bare_cr(const char *buf, size_t len)
+{
+	const char *p = buf, *end = buf + len;
+
+	while ((p = memchr(p, '\r', (size_t)(end - p))) != NULL && p + 1 < end) {
+		if (p[1] != '\n')
+			return 1;
+		p += 2;
+	}
+	return 0;
+}
+
 /* Parses the head of the next request; 0 ok, 1 incomplete, -1 answered. */
 static int
 conn_parse_head(struct conn *c)
@@ -927,6 +943,10 @@ conn_parse_head(struct conn *c)
 		}
 		if (method_refused_early(c->c_in, c->c_in_len)) {
 			conn_error(c, 400, "malformed method");
+			return -1;
+		}
+		if (bare_cr(c->c_in, c->c_in_len)) {
+			conn_error(c, 400, "bare CR in the request head");
 			return -1;
 		}
 		return 1;

@@ -90,13 +90,16 @@ REFUSED_HEADS = [
     (b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 1e3\r\n\r\n", 400,
      b"malformed Content-Length"),
     (b"GET /check HTTP/2.0\r\nHost: x\r\n\r\n", 505, b"unsupported HTTP version"),
+    # lines ended by CR alone: the head never ends, and was left to
+    # idle_timeout (an audit); nginx answers 400 at once
+    (b"GET /check HTTP/1.1\rHost: x\r\r", 400, b"bare CR in the request head"),
 ]
 
 
 @pytest.mark.parametrize("raw,status,says", REFUSED_HEADS,
                          ids=["version-name", "method-char", "target-control",
                               "header-name-space", "bare-cr", "empty-length",
-                              "float-length", "http2"])
+                              "float-length", "http2", "cr-line-ends"])
 def test_refused_heads_say_why(garbage_daemon, request, raw, status, says):
     d = garbage_daemon[0]
     out = raw_http(d.port, raw, timeout=2)
