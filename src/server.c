@@ -71,6 +71,9 @@
 /* A connection that has sent nothing for this long counts as idle at the
  * cap (see conn_idle); while full, that is looked for this often. */
 #define SERVER_SILENT_IDLE_US	 1000000
+/* A request begun this long ago and still not whole makes room at the cap
+ * too (see conn_stalled). */
+#define SERVER_STALLED_US	 5000000
 
 struct header {
 	const char	*name;
@@ -223,6 +226,28 @@ conn_idle(const struct conn *c)
 {
 	return conn_quiet(c) && (c->c_answered ||
 	    mono_coarse_us() - c->c_active_us >= SERVER_SILENT_IDLE_US);
+}
+
+/* A request begun SERVER_STALLED_US ago and still not whole, head or
+ * body, with nothing else under way. A gateway sends a request at once,
+ * so at the cap this one (a slowloris, a client gone quiet mid-request)
+ * makes room too: it held its slot until idle_timeout, and a process with
+ * as many such connections as the cap stalled every new check that long
+ * (an audit: 9.5 s at idle_timeout 10 s). */
+static int
+conn_stalled(const struct conn *c)
+{
+	return !c->c_pending && !c->c_processing && c->c_in_len > 0 &&
+	    c->c_out_len == 0 && !c->c_lingering && !c->c_dead &&
+	    !c->c_closing &&
+	    mono_coarse_us() - c->c_active_us >= SERVER_STALLED_US;
+}
+
+/* Idle or stalled: at the cap, it may be closed for a new connection. */
+static int
+conn_reclaimable(const struct conn *c)
+{
+	return conn_idle(c) || conn_stalled(c);
 }
 
 /* Its last reply is out and it is half-closed, waiting only for its
@@ -1371,7 +1396,8 @@ on_accept(struct evconnlistener *lev, evutil_socket_t fd, struct sockaddr *sa,
  * keep-alive connection when it runs out at worker_connections: else a
  * gateway's pool of idle connections would hold every slot while its new
  * connections, and a health probe's, waited in the backlog. A gateway
- * whose idle connection is closed opens another. Never the one just
+ * whose idle connection is closed opens another. One whose request has
+ * stalled (conn_stalled) counts as idle here. Never the one just
  * accepted. 1 if there is one (closed if close_it).
  */
 static int
@@ -1394,7 +1420,7 @@ close_an_idle_connection(struct server *srv, const struct conn *newest,
 	for (tries = 0; tries < SERVER_IDLE_TRIES && !found; tries++) {
 		oldest = NULL;
 		LIST_FOREACH(c, &srv->s_conns, c_entry) {
-			if (c == newest || c->c_skip || !conn_idle(c))
+			if (c == newest || c->c_skip || !conn_reclaimable(c))
 				continue;
 			if (oldest == NULL || c->c_active_us < oldest->c_active_us)
 				oldest = c;
@@ -1436,7 +1462,7 @@ close_idle_connections(struct server *srv, size_t excess)
 
 	LIST_FOREACH(c, &srv->s_conns, c_entry)
 		if (conn_lingering_out(c) ||
-		    (conn_idle(c) && !conn_request_waiting(c)))
+		    (conn_reclaimable(c) && !conn_request_waiting(c)))
 			idle[n++] = c;
 	qsort(idle, n, sizeof(*idle), conn_older);
 	for (size_t i = 0; i < n && i < excess; i++)

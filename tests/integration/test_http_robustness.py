@@ -827,6 +827,39 @@ def test_silent_connections_make_room_at_the_cap(start_daemon):
     assert healthy(d)
 
 
+def test_stalled_requests_make_room_at_the_cap(start_daemon):
+    """Connections that send part of a head and stop (a slowloris) were
+    not idle, so at the cap they held every slot until idle_timeout while
+    new checks waited in the backlog (an audit: 9.5 s at 10 s). A request
+    begun 5 s ago and still not whole makes room now, the oldest first,
+    as a gateway sends its requests at once; a request still arriving
+    within the 5 s is never closed for room."""
+    d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 4\n"
+                                 "  workers: 1\n  idle_timeout: 60s\n"))
+    stalled = []
+    for _ in range(4):
+        s = socket.create_connection(("127.0.0.1", d.port), timeout=3)
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        stalled.append(s)
+        time.sleep(0.05)
+    try:
+        t0 = time.monotonic()
+        r = requests.get(d.url("/healthz"), timeout=15)
+        took = time.monotonic() - t0
+        assert r.status_code == 200
+        assert 4.0 < took < 9.0, "answered after %.2f s" % took
+        stalled[0].settimeout(3)
+        assert stalled[0].recv(100) == b"", "the oldest stalled one was not the one closed"
+        for s in stalled[1:]:
+            s.sendall(b"\r\n")                 # their requests whole
+            s.settimeout(3)
+            assert s.recv(1000).startswith(b"HTTP/1.1 200 OK")
+    finally:
+        for s in stalled:
+            s.close()
+    assert healthy(d)
+
+
 def daemon_sockets(d):
     return sum(t.startswith("socket:") for t in open_files(d.proc.pid))
 
