@@ -948,6 +948,9 @@ main(int argc, char **argv)
 		return 1;
 	}
 	if (want_help) {
+		/* nginx -v -h: the version above the help */
+		if (want_version)
+			printf("ratelimitd %s\n", RATELIMITD_VERSION);
 		usage(stdout);
 		return 0;
 	}

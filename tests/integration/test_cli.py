@@ -22,6 +22,16 @@ def test_help_short_and_long():
         assert "--config" in r.stdout and "--test" in r.stdout
 
 
+def test_version_and_help_together_print_both():
+    """`-vh` printed the help alone; nginx -v -h prints its version above
+    its help."""
+    for args in (("-vh",), ("-v", "-h"), ("--help", "--version")):
+        r = run(*args)
+        assert r.returncode == 0, (args, r.stderr)
+        first, second = r.stdout.splitlines()[:2]
+        assert first.startswith("ratelimitd ") and second.startswith("usage: "), r.stdout
+
+
 def test_version_short_and_long():
     outs = {run(flag).stdout for flag in ("-v", "--version")}
     assert len(outs) == 1
