@@ -11,7 +11,6 @@
  * touched after it is reused.
  */
 #define _GNU_SOURCE
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,7 +154,6 @@ check_pool_free(struct worker *w)
 		event_free(ck->ck_timer);
 		free(ck);
 	}
-	logheld_finish(&w->w_redis_errors);	/* a count held at shutdown */
 }
 
 static const char *

@@ -14,7 +14,7 @@ void check_forward(struct worker *w, struct http_request *req, const char *rest)
 void check_json(struct worker *w, struct http_request *req);
 /* Drain: answers every check still waiting (Redis or a shaping delay). */
 void check_finish_all(struct worker *w);
-/* Frees the worker's pool of idle checks, and tells the Redis errors held. */
+/* Frees the worker's pool of idle checks. */
 void check_pool_free(struct worker *w);
 /* The worker's w_redis_errors line (a logheld_tell; arg the worker). */
 void check_tell_redis_errors(void *arg, const char *last, const char *ago,

@@ -13,7 +13,6 @@
 #include <jansson.h>
 
 #include "check.h"
-#include "clock.h"
 #include "config.h"
 #include "http.h"
 #include "log.h"

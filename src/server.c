@@ -204,13 +204,21 @@ conn_lent_release(struct conn *c)
 		release(c->c_lent_arg);
 }
 
+/* Waiting on its client alone: no request with the handler, nothing to
+ * send, not closing. */
+static int
+conn_awaiting_client(const struct conn *c)
+{
+	return !c->c_pending && !c->c_processing && c->c_out_len == 0 &&
+	    !c->c_lingering && !c->c_dead && !c->c_closing;
+}
+
 /* Nothing under way: no request in hand or half read, nothing to send,
  * not closing. (A request may still wait unread in the socket.) */
 static int
 conn_quiet(const struct conn *c)
 {
-	return !c->c_pending && !c->c_processing && c->c_in_len == 0 &&
-	    c->c_out_len == 0 && !c->c_lingering && !c->c_dead && !c->c_closing;
+	return conn_awaiting_client(c) && c->c_in_len == 0;
 }
 
 /* Kept alive with nothing under way: it may make room at the cap. One
@@ -237,9 +245,7 @@ conn_idle(const struct conn *c)
 static int
 conn_stalled(const struct conn *c)
 {
-	return !c->c_pending && !c->c_processing && c->c_in_len > 0 &&
-	    c->c_out_len == 0 && !c->c_lingering && !c->c_dead &&
-	    !c->c_closing &&
+	return conn_awaiting_client(c) && c->c_in_len > 0 &&
 	    mono_coarse_us() - c->c_active_us >= SERVER_STALLED_US;
 }
 

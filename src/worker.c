@@ -315,6 +315,8 @@ worker_main(void *arg)
 	replypool_thread_free();
 	server_free(w->w_server);
 	check_pool_free(w);
+	/* what is held at shutdown is told, and the timers freed */
+	logheld_finish(&w->w_redis_errors);
 	logheld_finish(&w->w_refusals);
 	event_free(w->w_config_ev);
 	event_free(w->w_drain_ev);

@@ -705,7 +705,8 @@ def test_client_that_never_reads_its_replies_holds_no_memory(start_daemon):
 
 def busy_connection(port):
     """A connection in the middle of sending a request head: not idle, once
-    the daemon has read it (hence the pause)."""
+    the daemon has read it (hence the pause), and at the cap not taken for
+    room until it has stalled 5 s."""
     s = socket.create_connection(("127.0.0.1", port), timeout=2)
     s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
     time.sleep(0.05)
@@ -753,6 +754,17 @@ def test_max_connections_makes_new_ones_wait(start_daemon):
     assert d.log().count("at server.max_connections") == 1, d.log()
 
 
+def oldest_closed_rest_served(conns, rest, what, timeout=3):
+    """At the cap, the oldest of conns was the one closed for room: its
+    peer sees EOF; each other, sent `rest`, is served."""
+    conns[0].settimeout(timeout)
+    assert conns[0].recv(100) == b"", "the %s was not the one closed" % what
+    for s in conns[1:]:
+        s.sendall(rest)
+        s.settimeout(timeout)
+        assert s.recv(1000).startswith(b"HTTP/1.1 200 OK")
+
+
 def test_idle_connections_make_room_at_the_cap(start_daemon):
     """A gateway keeps idle connections in its pool: at the cap, the one
     idle longest is closed for a new connection (as nginx does at
@@ -771,12 +783,8 @@ def test_idle_connections_make_room_at_the_cap(start_daemon):
         t0 = time.monotonic()
         r = requests.get(d.url("/healthz"), timeout=3)
         assert r.status_code == 200 and time.monotonic() - t0 < 1.0
-        pool[0].settimeout(2)
-        assert pool[0].recv(100) == b"", "the longest idle was not the one closed"
-        for s in pool[1:]:
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-            s.settimeout(2)
-            assert s.recv(1000).startswith(b"HTTP/1.1 200 OK")
+        oldest_closed_rest_served(pool, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+                                  "longest idle", timeout=2)
     finally:
         for s in pool:
             s.close()
@@ -815,12 +823,8 @@ def test_silent_connections_make_room_at_the_cap(start_daemon):
         took = time.monotonic() - t0
         assert took > 0.5, "a connection younger than a second was closed " \
                            "for room (%.2f s)" % took
-        silent[0].settimeout(3)
-        assert silent[0].recv(100) == b"", "the oldest silent one was not the one closed"
-        for s in silent[1:]:
-            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-            s.settimeout(3)
-            assert s.recv(1000).startswith(b"HTTP/1.1 200 OK")
+        oldest_closed_rest_served(silent, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+                                  "oldest silent one")
     finally:
         for s in silent:
             s.close()
@@ -836,24 +840,15 @@ def test_stalled_requests_make_room_at_the_cap(start_daemon):
     within the 5 s is never closed for room."""
     d = start_daemon(POL.replace("server:\n", "server:\n  max_connections: 4\n"
                                  "  workers: 1\n  idle_timeout: 60s\n"))
-    stalled = []
-    for _ in range(4):
-        s = socket.create_connection(("127.0.0.1", d.port), timeout=3)
-        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
-        stalled.append(s)
-        time.sleep(0.05)
+    stalled = [busy_connection(d.port) for _ in range(4)]
     try:
         t0 = time.monotonic()
         r = requests.get(d.url("/healthz"), timeout=15)
         took = time.monotonic() - t0
         assert r.status_code == 200
         assert 4.0 < took < 9.0, "answered after %.2f s" % took
-        stalled[0].settimeout(3)
-        assert stalled[0].recv(100) == b"", "the oldest stalled one was not the one closed"
-        for s in stalled[1:]:
-            s.sendall(b"\r\n")                 # their requests whole
-            s.settimeout(3)
-            assert s.recv(1000).startswith(b"HTTP/1.1 200 OK")
+        # the others' requests made whole
+        oldest_closed_rest_served(stalled, b"\r\n", "oldest stalled one")
     finally:
         for s in stalled:
             s.close()
