@@ -13,6 +13,10 @@
 
 /* Idle objects kept per thread: a few batch replies' worth. */
 #define REPLYPOOL_IDLE_MAX	4096
+/* An element vector kept for the next array, at most: a default batch of
+ * 64 checks of 16 limits needs 5,248. A longer one, of a larger
+ * redis.max_batch, is made for its reply and freed with it. */
+#define REPLYPOOL_KEEP_ELEMENTS	8192
 
 struct pooled {
 	redisReply	 r;		/* first: a struct pooled * is a redisReply * */
@@ -55,6 +59,11 @@ replypool_free_object(void *obj)
 		for (size_t i = 0; i < r->elements; i++)
 			if (r->element[i])
 				replypool_free_object(r->element[i]);
+		if (p->cap > REPLYPOOL_KEEP_ELEMENTS) {
+			free(p->elements);
+			p->elements = NULL;
+			p->cap = 0;
+		}
 		break;
 	case REDIS_REPLY_STRING:
 	case REDIS_REPLY_STATUS:

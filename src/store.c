@@ -62,6 +62,8 @@
 #define STORE_WATCHDOG_US	100000LL
 #define STORE_RETIRE_SLACK_US	100000LL
 #define STORE_REPLY_INTS_MAX	LIMITER_REPLY_INTS(CONFIG_LIMITS_MAX)
+/* The longest reply of any call: a batch of the most checks and limits. */
+#define STORE_ARRAY_MAX		(CONFIG_BATCH_MAX * STORE_REPLY_INTS_MAX)
 /* Checks with Redis on one link past which new ones fail at once: with a
  * long redis.timeout, the age of the oldest call alone would let a Redis
  * that trickles replies gather hundreds of megabytes of checks. */
@@ -164,6 +166,9 @@ struct store {
 	long long		 st_up_us;	/* when the link came up */
 	/* The peer sent a reply that no command awaits (see guarded_functions). */
 	int			 st_unsolicited;
+	/* The peer began an array no call of ours gets: nested, or longer
+	 * than any batch's reply (see guarded_array); its header's count. */
+	long long		 st_oversized;
 	/* A script reply of a shape no call of ours gets (a status, an array
 	 * of the wrong length) was read: the replies on this link are out
 	 * of step with the calls, each the one meant for the call before it,
@@ -390,6 +395,12 @@ on_disconnect(const redisAsyncContext *ac, int status)
 		log_warnx("%s: sent a reply that no command asked for: a server "
 		    "that is not Redis, or a proxy that garbles replies; "
 		    "reconnecting", st->st_who);
+	else if (!st->st_logged_down && st->st_oversized)
+		log_warnx("%s: began a reply no call of ours gets (an array "
+		    "of %lld elements, nested or over the %d of the largest "
+		    "batch's): a server that is not Redis, or a proxy that "
+		    "garbles replies; reconnecting", st->st_who,
+		    st->st_oversized, STORE_ARRAY_MAX);
 	else if (!st->st_logged_down && st->st_state == STORE_CONNECTING && st->st_tcp_up)
 		log_warnx("%s: closed by the server before the handshake finished%s%s "
 		    "(Redis restarting or killed, a proxy or TLS tunnel whose Redis "
@@ -768,11 +779,26 @@ guarded_string(const redisReadTask *task, char *str, size_t len)
 	return replypool_functions.createString(task, str, len);
 }
 
+/*
+ * hiredis makes an array when it reads the header, before any element
+ * arrives: "*200000000" alone had the worker zero 1.6 GB and stall for
+ * seconds, and the pool kept the vector. No call of ours is answered by
+ * a nested array or by one longer than the largest batch's reply, so
+ * such a header is refused as an unsolicited reply is (the link drops).
+ */
 static void *
 guarded_array(const redisReadTask *task, int elements)
 {
+	redisAsyncContext *ac = task->privdata;
+
 	if (reply_unsolicited(task))
 		return NULL;
+	if (task->parent != NULL || elements > STORE_ARRAY_MAX) {
+		if (ac != NULL && ac->data != NULL)
+			((struct store *)ac->data)->st_oversized =
+			    elements > 0 ? elements : 1;
+		return NULL;
+	}
 	return replypool_functions.createArray(task, elements);
 }
 
@@ -823,6 +849,7 @@ connect_to(struct store *st, const char *ip)
 	ac->c.reader->privdata = ac;
 	st->st_ac = ac;
 	st->st_unsolicited = 0;
+	st->st_oversized = 0;
 	st->st_out_of_step = 0;
 	st->st_pinging = 0;
 	st->st_tcp_up = 0;

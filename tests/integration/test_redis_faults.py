@@ -1545,6 +1545,25 @@ def test_two_replies_to_one_call_never_take_the_daemon_down(start_daemon):
         fake.close()
 
 
+@pytest.mark.parametrize("header", [b"*2000000000\r\n", b"*1\r\n*3\r\n"])
+def test_an_array_no_call_gets_drops_the_link_at_its_header(start_daemon, header):
+    """hiredis makes an array when it reads the header: a peer that sent
+    "*200000000" alone had the worker zero 1.6 GB (3.8 s without an
+    answer, /healthz too), and the memory was kept (an audit). An array
+    longer than any batch's reply, or nested, now drops the link at once."""
+    fake = FakeRedis(header)
+    try:
+        d = start_daemon(SIMPLE, redis_port=fake.port)
+        t0 = time.monotonic()
+        assert_fail_open(d, n=1)
+        assert requests.get(d.url("/healthz"), timeout=2).status_code == 200
+        assert time.monotonic() - t0 < 1, d.log()
+        assert wait_until(lambda: "began a reply no call of ours gets" in d.log(),
+                          timeout=3), d.log()
+    finally:
+        fake.close()
+
+
 def test_a_link_broken_by_every_call_backs_off(start_daemon):
     """A peer that takes the handshake and answers each script call with a
     protocol error: each handshake reset the backoff and logged
