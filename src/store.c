@@ -115,6 +115,10 @@ struct store {
 	long long		 st_timeout_us;	/* redis.timeout */
 	long long		 st_stall_us;
 	long long		 st_retired_us;	/* when another began to serve */
+	/* The longest redis.timeout of the checks sent here: a store that
+	 * serves on while its successor connects takes the new policy's
+	 * checks, whose deadlines may be longer than its own. */
+	long long		 st_longest_timeout_us;
 
 	char			 st_sha[41];
 	int			 st_script_loading;
@@ -1390,9 +1394,17 @@ store_configure(struct store *st, const struct config *c)
 	st->st_connect_timeout_us = c->redis_connect_timeout_us;
 	st->st_max_batch = c->redis_max_batch;
 	st->st_timeout_us = c->redis_timeout_us;
+	store_note_timeout(st, c);
 	st->st_stall_us = c->redis_timeout_us * 4;
 	if (st->st_stall_us < STORE_STALL_MIN_US)
 		st->st_stall_us = STORE_STALL_MIN_US;
+}
+
+void
+store_note_timeout(struct store *st, const struct config *c)
+{
+	if (c->redis_timeout_us > st->st_longest_timeout_us)
+		st->st_longest_timeout_us = c->redis_timeout_us;
 }
 
 void
@@ -1412,11 +1424,12 @@ store_retire(struct store *st)
 int
 store_retired_done(const struct store *st)
 {
-	/* Every check sent here has its answer by redis.timeout after the
-	 * last was sent: from then on, freeing the store can only fail calls
-	 * whose checks were answered by their deadline. */
+	/* Every check sent here has its answer by its redis.timeout after
+	 * the last was sent: from then on, freeing the store can only fail
+	 * calls whose checks were answered by their deadline. */
 	return (TAILQ_EMPTY(&st->st_queue) && TAILQ_EMPTY(&st->st_sent)) ||
-	    mono_us() - st->st_retired_us > st->st_timeout_us + STORE_RETIRE_SLACK_US;
+	    mono_us() - st->st_retired_us > st->st_longest_timeout_us +
+	    STORE_RETIRE_SLACK_US;
 }
 
 struct store *

@@ -654,6 +654,37 @@ def test_two_moves_within_a_timeout_leave_the_first_link_answering(ops_daemon, o
         assert 1.8 <= time.monotonic() - t0 < 5
 
 
+def test_a_check_sent_during_a_move_waits_its_own_deadline_on_the_old_link(
+        ops_daemon, other_redis):
+    """A check that arrives while a reload's new link connects is sent on
+    the old link, with the new policy's redis.timeout. Once the new link
+    served, the old one was freed at its own, shorter, timeout: the check
+    failed open at about 1 s though the old Redis answered at 1.5 s, within the
+    5 s the policy gave it (an audit). It now waits for its answer."""
+    from proxies import SlowReplies
+    text = policy(route("api", "/api/", fw(10 ** 9)), timeout="500ms",
+                  redis="  connect_timeout: 10s\n")
+    d = ops_daemon(text)
+    late = SlowReplies(other_redis.port, 0.2)      # the new link's handshake
+    try:
+        with serving_through_slow_proxy(d, text, 1.5, connect_within=10):
+            d.write_policy(text.replace("{redis_port}", str(late.port))
+                           .replace("timeout: 500ms", "timeout: 5s"))
+            d.signal(signal.SIGHUP)
+            assert wait_until(lambda: "the policy moves this worker" in d.log(),
+                              timeout=RELOAD_S), d.log()
+            t0 = time.monotonic()
+            r = check(d, "/check/api/x", headers={"X-Key": "k"}, timeout=10)
+            took = time.monotonic() - t0
+            assert "127.0.0.1:%d: connected" % late.port in d.log(), d.log()
+            assert (r.status_code, r.headers["X-RateLimit-Remaining"]) == \
+                (200, str(10 ** 9 - 1)), (took, dict(r.headers), d.log())
+            assert 1.3 <= took < 5, took
+            assert scrape(d).sum("ratelimitd_redis_errors_total") == 0, d.log()
+    finally:
+        late.close()
+
+
 def test_a_move_to_a_redis_that_never_answers_follows_the_failure_mode(ops_daemon):
     """A new Redis that takes the connection but never answers: the old
     link serves until the new one's connect_timeout, no longer (the policy
