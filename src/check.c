@@ -11,6 +11,7 @@
  * touched after it is reused.
  */
 #define _GNU_SOURCE
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -371,6 +372,25 @@ check_finish(struct check *ck, enum check_outcome outcome)
 		worker_check_done(w);
 }
 
+/* A Redis error for the held line: named by the Redis it came from, which
+ * during a reload's move is not always the one the policy names now. */
+static void
+note_redis_error(struct worker *w, const struct store *st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void
+note_redis_error(struct worker *w, const struct store *st, const char *fmt, ...)
+{
+	char text[LOGHELD_TEXT_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof(text), fmt, ap);
+	va_end(ap);
+	snprintf(w->w_redis_error_address, sizeof(w->w_redis_error_address),
+	    "%s", store_address(st));
+	logheld_note(&w->w_redis_errors, "%s", text);
+}
+
 static void
 check_on_timer(evutil_socket_t fd, short what, void *arg)
 {
@@ -381,8 +401,9 @@ check_on_timer(evutil_socket_t fd, short what, void *arg)
 	if (ck->ck_phase == CHECK_WAITING) {
 		metrics_redis_error(ck->ck_worker->w_metrics, REDIS_ERROR_TIMEOUT);
 		/* a stall too short for the watchdog is still told */
-		logheld_note(&ck->ck_worker->w_redis_errors, "route %s: no reply "
-		    "within redis.timeout (%lld ms)", ck->ck_route->name,
+		note_redis_error(ck->ck_worker, ck->ck_redis_pending ?
+		    ck->ck_call.sc_store : ck->ck_worker->w_store, "route %s: "
+		    "no reply within redis.timeout (%lld ms)", ck->ck_route->name,
 		    ck->ck_config->redis_timeout_us / 1000);
 		check_finish(ck, OUTCOME_DEGRADED);
 	} else if (ck->ck_phase == CHECK_DELAYED)
@@ -421,11 +442,11 @@ check_tell_redis_errors(void *arg, const char *last_raw, const char *ago,
 	if (more > 0)
 		log_warnx("worker %d: redis %s: error%s on %s (and %llu more Redis "
 		    "error%s, of any route or kind, since the last such line)",
-		    w->w_id, w->w_config->redis_address, ago, last, more,
+		    w->w_id, w->w_redis_error_address, ago, last, more,
 		    more == 1 ? "" : "s");
 	else
 		log_warnx("worker %d: redis %s: error%s on %s", w->w_id,
-		    w->w_config->redis_address, ago, last);
+		    w->w_redis_error_address, ago, last);
 }
 
 static void
@@ -459,7 +480,7 @@ check_on_reply(void *arg, const struct store_result *res)
 		return;
 	case STORE_ERROR:
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_ERROR);
-		logheld_note(&w->w_redis_errors, "route %s: %s",
+		note_redis_error(w, ck->ck_call.sc_store, "route %s: %s",
 		    ck->ck_route->name, res->error ? res->error : "unknown");
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
@@ -467,8 +488,8 @@ check_on_reply(void *arg, const struct store_result *res)
 		break;
 	}
 	if (limiter_parse(ck->ck_set, res->ints, res->nints, &ck->ck_verdict) == -1) {
-		logheld_note(&w->w_redis_errors, "route %s: malformed script reply",
-		    ck->ck_route->name);
+		note_redis_error(w, ck->ck_call.sc_store, "route %s: malformed "
+		    "script reply", ck->ck_route->name);
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_ERROR);
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
@@ -576,7 +597,7 @@ check_run(struct check *ck, const char *key, size_t keylen, int kind)
 	 * slower than the traffic stays what it can answer in that time. */
 	if (store_behind(w->w_store, ck->ck_config->redis_timeout_us)) {
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_TIMEOUT);
-		logheld_note(&w->w_redis_errors, "route %s: not sent: a call has "
+		note_redis_error(w, w->w_store, "route %s: not sent: a call has "
 		    "waited redis.timeout (%lld ms) for its reply",
 		    ck->ck_route->name, ck->ck_config->redis_timeout_us / 1000);
 		check_finish(ck, OUTCOME_DEGRADED);

@@ -59,6 +59,7 @@ struct worker {
 	size_t			 w_nactive;
 
 	struct logheld		 w_redis_errors; /* see check_tell_redis_errors */
+	char			 w_redis_error_address[320]; /* of its latest */
 	struct logheld		 w_refusals;	/* see http_on_refused */
 };
 

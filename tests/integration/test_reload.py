@@ -685,6 +685,33 @@ def test_a_check_sent_during_a_move_waits_its_own_deadline_on_the_old_link(
         late.close()
 
 
+def test_errors_of_the_old_link_during_a_move_name_the_old_redis(
+        ops_daemon, redis_server, other_redis):
+    """A Redis that stopped answering, then a reload that moves to another:
+    the checks still sent on the old link time out there, and their log
+    line named the Redis the policy had moved to (an audit: an operator
+    would chase the wrong server)."""
+    from proxies import SlowReplies
+    text = policy(route("api", "/api/", fw(10 ** 9)), timeout="100ms",
+                  redis="  connect_timeout: 10s\n")
+    d = ops_daemon(text)
+    late = SlowReplies(other_redis.port, 0.5)      # the new link's handshake
+    redis_server.pause()
+    try:
+        d.write_policy(text.replace("{redis_port}", str(late.port)))
+        d.signal(signal.SIGHUP)
+        assert wait_until(lambda: "the policy moves this worker" in d.log(),
+                          timeout=RELOAD_S), d.log()
+        assert check(d, "/check/api/x", headers={"X-Key": "k"}
+                     ).headers["X-RateLimit-Remaining"] == "-1"
+        assert wait_until(lambda: "error on route api: no reply" in d.log(), timeout=2)
+        line = [l for l in d.log().splitlines() if "error on route api" in l][0]
+        assert "redis 127.0.0.1:%d: error" % redis_server.port in line, d.log()
+    finally:
+        redis_server.resume()
+        late.close()
+
+
 def test_a_move_to_a_redis_that_never_answers_follows_the_failure_mode(ops_daemon):
     """A new Redis that takes the connection but never answers: the old
     link serves until the new one's connect_timeout, no longer (the policy
