@@ -753,14 +753,16 @@ parse_head(struct http_request *rq, char *buf, size_t head_len, const char **why
 		*why = "malformed request line";
 		return 400;
 	}
-	if (strncmp(sp2 + 1, "HTTP/1.", 7) != 0 || (sp2[8] != '0' &&
-	    sp2[8] != '1') || sp2[9] != '\0') {
+	if (strncmp(sp2 + 1, "HTTP/1.", 7) != 0 || sp2[8] < '0' ||
+	    sp2[8] > '9' || sp2[9] != '\0') {
 		*why = "unsupported HTTP version";
 		return 505;
 	}
 	rq->rq_method = line;
 	rq->rq_uri = sp1 + 1;
-	rq->rq_minor = sp2[8] - '0';
+	/* RFC 9112 2.3: a later 1.x is served as the 1.1 we speak, as nginx
+	 * serves it. */
+	rq->rq_minor = sp2[8] == '0' ? 0 : 1;
 	rq->rq_nheaders = 0;
 	while ((line = next_line(&p, end)) != NULL && *line != '\0') {
 		char *colon = strchr(line, ':'), *v, *ve;

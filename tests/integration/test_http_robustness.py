@@ -90,6 +90,7 @@ REFUSED_HEADS = [
     (b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: 1e3\r\n\r\n", 400,
      b"malformed Content-Length"),
     (b"GET /check HTTP/2.0\r\nHost: x\r\n\r\n", 505, b"unsupported HTTP version"),
+    (b"GET /check HTTP/1.10\r\nHost: x\r\n\r\n", 505, b"unsupported HTTP version"),
     # lines ended by CR alone: the head never ends, and was left to
     # idle_timeout (an audit); nginx answers 400 at once
     (b"GET /check HTTP/1.1\rHost: x\r\r", 400, b"bare CR in the request head"),
@@ -99,7 +100,8 @@ REFUSED_HEADS = [
 @pytest.mark.parametrize("raw,status,says", REFUSED_HEADS,
                          ids=["version-name", "method-char", "target-control",
                               "header-name-space", "bare-cr", "empty-length",
-                              "float-length", "http2", "cr-line-ends"])
+                              "float-length", "http2", "two-digit-minor",
+                              "cr-line-ends"])
 def test_refused_heads_say_why(garbage_daemon, request, raw, status, says):
     d = garbage_daemon[0]
     out = raw_http(d.port, raw, timeout=2)
@@ -108,6 +110,18 @@ def test_refused_heads_say_why(garbage_daemon, request, raw, status, says):
     assert b"\r\nConnection: close\r\n" in out, out[:300]
     assert healthy(d)
     assert still_counts(d, "after-" + request.node.callspec.id)
+
+
+def test_a_later_http_1_minor_is_served_as_1_1(start_daemon):
+    """RFC 9112 2.3: a server answers a higher minor version as the
+    highest it speaks; nginx serves HTTP/1.2 as 1.1. It got a 505 (an
+    audit). As 1.1: its Host is required, and the connection kept."""
+    d = start_daemon(POL)
+    out = raw_http(d.port, b"GET /check/x HTTP/1.2\r\nHost: x\r\n\r\n"
+                   b"GET /check/x HTTP/1.9\r\nHost: x\r\nConnection: close\r\n\r\n",
+                   expect=2)
+    assert out.count(b"HTTP/1.1 200 OK\r\n") == 2, out
+    assert status_of(raw_http(d.port, b"GET /check/x HTTP/1.2\r\n\r\n")) == 400
 
 
 def test_many_garbage_requests_in_a_row(start_daemon):
