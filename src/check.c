@@ -467,8 +467,12 @@ check_on_reply(void *arg, const struct store_result *res)
 	case STORE_NOSCRIPT:
 		metrics_redis_error(w->w_metrics, REDIS_ERROR_NOSCRIPT);
 		if (!ck->ck_retried) {
-			/* The store queued SCRIPT LOAD ahead of this retry. */
+			/* The store queued SCRIPT LOAD ahead of this retry,
+			 * which goes to the store serving now: one of a later
+			 * policy, maybe, that must wait for this deadline. */
 			ck->ck_retried = 1;
+			if (ck->ck_config != w->w_config)
+				store_take_deadlines(w->w_store, ck->ck_config);
 			check_send(ck);
 			return;
 		}

@@ -171,8 +171,9 @@ struct store {
 	/* The peer sent a reply that no command awaits (see guarded_functions). */
 	int			 st_unsolicited;
 	/* The peer began an array no call of ours gets: nested, or longer
-	 * than any batch's reply (see guarded_array); its header's count. */
-	long long		 st_oversized;
+	 * than any batch's reply (see guarded_array), of this many elements. */
+	int			 st_oversized;
+	long long		 st_oversized_elements;
 	/* A script reply of a shape no call of ours gets (a status, an array
 	 * of the wrong length) was read: the replies on this link are out
 	 * of step with the calls, each the one meant for the call before it,
@@ -404,7 +405,7 @@ on_disconnect(const redisAsyncContext *ac, int status)
 		    "of %lld elements, nested or over the %d of the largest "
 		    "batch's): a server that is not Redis, or a proxy that "
 		    "garbles replies; reconnecting", st->st_who,
-		    st->st_oversized, STORE_ARRAY_MAX);
+		    st->st_oversized_elements, STORE_ARRAY_MAX);
 	else if (!st->st_logged_down && st->st_state == STORE_CONNECTING && st->st_tcp_up)
 		log_warnx("%s: closed by the server before the handshake finished%s%s "
 		    "(Redis restarting or killed, a proxy or TLS tunnel whose Redis "
@@ -798,9 +799,12 @@ guarded_array(const redisReadTask *task, int elements)
 	if (reply_unsolicited(task))
 		return NULL;
 	if (task->parent != NULL || elements > STORE_ARRAY_MAX) {
-		if (ac != NULL && ac->data != NULL)
-			((struct store *)ac->data)->st_oversized =
-			    elements > 0 ? elements : 1;
+		struct store *st = ac != NULL ? ac->data : NULL;
+
+		if (st != NULL) {
+			st->st_oversized = 1;
+			st->st_oversized_elements = elements;
+		}
 		return NULL;
 	}
 	return replypool_functions.createArray(task, elements);
@@ -1388,23 +1392,33 @@ store_same_link(const struct store *st, const struct config *c)
 	    st->st_database == c->redis_database;
 }
 
+/* How long a call may go unanswered before the link is taken for dead:
+ * well past the deadline of the checks it carries. */
+static long long
+stall_for(long long timeout_us)
+{
+	return timeout_us * 4 < STORE_STALL_MIN_US ? STORE_STALL_MIN_US :
+	    timeout_us * 4;
+}
+
 void
 store_configure(struct store *st, const struct config *c)
 {
 	st->st_connect_timeout_us = c->redis_connect_timeout_us;
 	st->st_max_batch = c->redis_max_batch;
 	st->st_timeout_us = c->redis_timeout_us;
-	store_note_timeout(st, c);
-	st->st_stall_us = c->redis_timeout_us * 4;
-	if (st->st_stall_us < STORE_STALL_MIN_US)
-		st->st_stall_us = STORE_STALL_MIN_US;
+	st->st_stall_us = stall_for(c->redis_timeout_us);
+	if (c->redis_timeout_us > st->st_longest_timeout_us)
+		st->st_longest_timeout_us = c->redis_timeout_us;
 }
 
 void
-store_note_timeout(struct store *st, const struct config *c)
+store_take_deadlines(struct store *st, const struct config *c)
 {
 	if (c->redis_timeout_us > st->st_longest_timeout_us)
 		st->st_longest_timeout_us = c->redis_timeout_us;
+	if (stall_for(c->redis_timeout_us) > st->st_stall_us)
+		st->st_stall_us = stall_for(c->redis_timeout_us);
 }
 
 void

@@ -89,9 +89,11 @@ int store_same_link(const struct store *st, const struct config *config);
 /* Adopts the settings of a new policy that the link keeps across:
  * deadlines and the batch size. */
 void store_configure(struct store *st, const struct config *config);
-/* The store serves the checks of config, of another link, until that
- * link's store is up: it waits for their deadlines once retired. */
-void store_note_timeout(struct store *st, const struct config *config);
+/* Checks of config, a policy the store was not configured with (one that
+ * moves to another link, while that link comes up; an older one's retried
+ * check), are sent here: the stall watchdog, and a retired store, wait
+ * for their deadlines, which may be longer than the store's own. */
+void store_take_deadlines(struct store *st, const struct config *config);
 /* Is the link up and has it answered a script call (as /readyz counts
  * up), or has an attempt failed? Ready to serve, either way: the policy
  * names this Redis. */

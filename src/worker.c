@@ -108,7 +108,7 @@ on_next_store_ready(void *arg)
 static void
 move_store(struct worker *w, const struct config *c)
 {
-	store_note_timeout(w->w_store, c);
+	store_take_deadlines(w->w_store, c);
 	if (store_same_link(w->w_store, c)) {
 		/* A move undone before it was made. */
 		store_free(w->w_next_store);

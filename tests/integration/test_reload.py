@@ -655,33 +655,38 @@ def test_two_moves_within_a_timeout_leave_the_first_link_answering(ops_daemon, o
 
 
 def test_a_check_sent_during_a_move_waits_its_own_deadline_on_the_old_link(
-        ops_daemon, other_redis):
+        ops_daemon, redis_server, other_redis):
     """A check that arrives while a reload's new link connects is sent on
-    the old link, with the new policy's redis.timeout. Once the new link
-    served, the old one was freed at its own, shorter, timeout: the check
-    failed open at about 1 s though the old Redis answered at 1.5 s, within the
-    5 s the policy gave it (an audit). It now waits for its answer."""
+    the old link, with the new policy's redis.timeout. The old link's
+    Redis stalls for 1.5 s. The check failed open at about 1 s, though
+    the policy gave it 5 s (an audit): once the new link served, the old
+    was freed at its own timeout, or dropped by its stall watchdog (4
+    times its own timeout). Both now wait for the checks' deadlines."""
     from proxies import SlowReplies
-    text = policy(route("api", "/api/", fw(10 ** 9)), timeout="500ms",
+    text = policy(route("api", "/api/", fw(10 ** 9)), timeout="300ms",
                   redis="  connect_timeout: 10s\n")
     d = ops_daemon(text)
     late = SlowReplies(other_redis.port, 0.2)      # the new link's handshake
+    resume = threading.Timer(1.5, redis_server.resume)
     try:
-        with serving_through_slow_proxy(d, text, 1.5, connect_within=10):
-            d.write_policy(text.replace("{redis_port}", str(late.port))
-                           .replace("timeout: 500ms", "timeout: 5s"))
-            d.signal(signal.SIGHUP)
-            assert wait_until(lambda: "the policy moves this worker" in d.log(),
-                              timeout=RELOAD_S), d.log()
-            t0 = time.monotonic()
-            r = check(d, "/check/api/x", headers={"X-Key": "k"}, timeout=10)
-            took = time.monotonic() - t0
-            assert "127.0.0.1:%d: connected" % late.port in d.log(), d.log()
-            assert (r.status_code, r.headers["X-RateLimit-Remaining"]) == \
-                (200, str(10 ** 9 - 1)), (took, dict(r.headers), d.log())
-            assert 1.3 <= took < 5, took
-            assert scrape(d).sum("ratelimitd_redis_errors_total") == 0, d.log()
+        d.write_policy(text.replace("{redis_port}", str(late.port))
+                       .replace("timeout: 300ms", "timeout: 5s"))
+        d.signal(signal.SIGHUP)
+        assert wait_until(lambda: "moves this worker to redis 127.0.0.1:%d" % late.port
+                          in d.log(), timeout=RELOAD_S), d.log()
+        redis_server.pause()
+        resume.start()
+        t0 = time.monotonic()
+        r = check(d, "/check/api/x", headers={"X-Key": "k"}, timeout=10)
+        took = time.monotonic() - t0
+        assert "127.0.0.1:%d: connected" % late.port in d.log(), d.log()
+        assert (r.status_code, r.headers["X-RateLimit-Remaining"]) == \
+            (200, str(10 ** 9 - 1)), (took, dict(r.headers), d.log())
+        assert 1.3 <= took < 5, took
+        assert scrape(d).sum("ratelimitd_redis_errors_total") == 0, d.log()
     finally:
+        resume.cancel()
+        redis_server.resume()
         late.close()
 
 
@@ -700,8 +705,8 @@ def test_errors_of_the_old_link_during_a_move_name_the_old_redis(
     try:
         d.write_policy(text.replace("{redis_port}", str(late.port)))
         d.signal(signal.SIGHUP)
-        assert wait_until(lambda: "the policy moves this worker" in d.log(),
-                          timeout=RELOAD_S), d.log()
+        assert wait_until(lambda: "moves this worker to redis 127.0.0.1:%d" % late.port
+                          in d.log(), timeout=RELOAD_S), d.log()
         assert check(d, "/check/api/x", headers={"X-Key": "k"}
                      ).headers["X-RateLimit-Remaining"] == "-1"
         assert wait_until(lambda: "error on route api: no reply" in d.log(), timeout=2)
