@@ -31,6 +31,11 @@
  * stderr never land inside ours. */
 #define LOG_WRITE_MAX	4096
 #define LOG_STOP_WAIT_MS 2000	/* see log_stop */
+/* After a write, the writer waits this long for LOG_WRITE_MAX bytes
+ * before it writes what it has: under load it wakes once per write, not
+ * once per line (a wake per access line doubled the daemon's CPU per
+ * check). A line after a quiet spell is written at once. */
+#define LOG_LINGER_US	10000
 
 static struct {
 	pthread_mutex_t	 lock;
@@ -39,7 +44,9 @@ static struct {
 	pthread_t	 thread;
 	char		*ring;		/* LOG_QUEUE_SIZE bytes */
 	size_t		 head, len;	/* queued: len bytes from head */
-	int		 running, stopping, waiting;
+	int		 running, stopping;
+	enum { WRITER_BUSY, WRITER_IDLE, WRITER_LINGERING } waiting;
+	int		 more_monotonic; /* `more` made on CLOCK_MONOTONIC */
 	unsigned long long dropped;	/* lines, not yet told */
 } queue = {
 	.lock = PTHREAD_MUTEX_INITIALIZER,
@@ -203,27 +210,55 @@ log_put(const char *line, size_t n)
 	memcpy(queue.ring + tail, line, first);
 	memcpy(queue.ring, line + first, n - first);
 	queue.len += n;
-	/* Woken only when it sleeps: no futex call per line under load. */
-	if (queue.waiting)
+	/* Woken only when it sleeps, and when it lingers only once a
+	 * write's worth is queued: no futex call per line under load. */
+	if (queue.waiting == WRITER_IDLE ||
+	    (queue.waiting == WRITER_LINGERING && queue.len >= LOG_WRITE_MAX))
 		pthread_cond_signal(&queue.more);
 	pthread_mutex_unlock(&queue.lock);
 }
 
 static void log_emit(enum log_format, const char *, const char *, const char *);
 
+/* Waits, the lock held, until a write's worth is queued, the writer is
+ * stopped or LOG_LINGER_US has passed. */
+static void
+linger(void)
+{
+	struct timespec until;
+
+	clock_gettime(queue.more_monotonic ? CLOCK_MONOTONIC : CLOCK_REALTIME,
+	    &until);
+	until.tv_nsec += LOG_LINGER_US * 1000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	queue.waiting = WRITER_LINGERING;
+	while (queue.len < LOG_WRITE_MAX && !queue.stopping &&
+	    pthread_cond_timedwait(&queue.more, &queue.lock, &until) == 0)
+		;
+	queue.waiting = WRITER_BUSY;
+}
+
 static void *
 log_writer(void *arg)
 {
+	int wrote = 0;
+
 	(void)arg;
 	pthread_mutex_lock(&queue.lock);
 	for (;;) {
 		unsigned long long dropped;
 		size_t n;
 
+		if (wrote && queue.len < LOG_WRITE_MAX && !queue.stopping)
+			linger();
+		wrote = 0;
 		while (queue.len == 0 && !queue.stopping) {
-			queue.waiting = 1;
+			queue.waiting = WRITER_IDLE;
 			pthread_cond_wait(&queue.more, &queue.lock);
-			queue.waiting = 0;
+			queue.waiting = WRITER_BUSY;
 		}
 		if (queue.len == 0)
 			break;
@@ -244,6 +279,7 @@ log_writer(void *arg)
 		pthread_mutex_lock(&queue.lock);
 		queue.head = (queue.head + n) % LOG_QUEUE_SIZE;
 		queue.len -= n;
+		wrote = 1;
 		if (queue.len == 0)
 			pthread_cond_broadcast(&queue.drained);
 		if ((dropped = queue.dropped) > 0 && queue.len == 0) {
@@ -269,6 +305,20 @@ log_start(void)
 	int rc = 0;
 
 	pthread_mutex_lock(&queue.lock);
+	if (!queue.more_monotonic) {
+		/* The linger's deadline on the monotonic clock: on the wall
+		 * clock, a step back would hold lines for its length. */
+		pthread_condattr_t attr;
+
+		if (pthread_condattr_init(&attr) == 0) {
+			if (pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) == 0) {
+				pthread_cond_destroy(&queue.more);
+				pthread_cond_init(&queue.more, &attr);
+				queue.more_monotonic = 1;
+			}
+			pthread_condattr_destroy(&attr);
+		}
+	}
 	if (!queue.running) {
 		queue.ring = malloc(LOG_QUEUE_SIZE);
 		queue.stopping = 0;
