@@ -30,6 +30,10 @@ void server_set_idle_timeout(struct server *srv, long long us);
 /* Told of every request the server refuses (with the handler's arg), and
  * of those the handler refuses through request_refused. */
 void server_on_refused(struct server *srv, server_refused_cb cb);
+/* Called (with the handler's arg) a second after the worker's connections
+ * fell to a quarter of a peak of 256 or more: what the peak took may go. */
+typedef void (*server_quiet_cb)(void *arg);
+void server_on_quiet(struct server *srv, server_quiet_cb cb);
 /* Caps the connections open in all the workers together at n: at it, the
  * one idle longest in the worker taking a new one is closed for it; with
  * none idle, that worker stops accepting until there is room. */
