@@ -31,10 +31,11 @@
  * stderr never land inside ours. */
 #define LOG_WRITE_MAX	4096
 #define LOG_STOP_WAIT_MS 2000	/* see log_stop */
-/* After a write, the writer waits this long for LOG_WRITE_MAX bytes
- * before it writes what it has: under load it wakes once per write, not
- * once per line (a wake per access line doubled the daemon's CPU per
- * check). A line after a quiet spell is written at once. */
+/* After a write, the writer waits this long for LOG_WRITE_MAX bytes of
+ * access lines before it writes what it has: under load it wakes once per
+ * write, not once per line (a wake per access line doubled the daemon's
+ * CPU per check). Any other line, and an access line after a quiet spell,
+ * is written at once. */
 #define LOG_LINGER_US	10000
 
 static struct {
@@ -45,6 +46,7 @@ static struct {
 	char		*ring;		/* LOG_QUEUE_SIZE bytes */
 	size_t		 head, len;	/* queued: len bytes from head */
 	int		 running, stopping;
+	int		 flushing;	/* log_stop waits: no lingering */
 	enum { WRITER_BUSY, WRITER_IDLE, WRITER_LINGERING } waiting;
 	int		 more_monotonic; /* `more` made on CLOCK_MONOTONIC */
 	unsigned long long dropped;	/* lines, not yet told */
@@ -187,9 +189,10 @@ write_all(const char *p, size_t n)
 }
 
 /* A line, queued for the writer thread, or written at once before it
- * runs (start-up, -t) and after it stops. */
+ * runs (start-up, -t) and after it stops. An access line may wait for
+ * others (see LOG_LINGER_US); any other goes out at once. */
 static void
-log_put(const char *line, size_t n)
+log_put(const char *line, size_t n, int access)
 {
 	size_t tail, first;
 
@@ -210,18 +213,20 @@ log_put(const char *line, size_t n)
 	memcpy(queue.ring + tail, line, first);
 	memcpy(queue.ring, line + first, n - first);
 	queue.len += n;
-	/* Woken only when it sleeps, and when it lingers only once a
-	 * write's worth is queued: no futex call per line under load. */
-	if (queue.waiting == WRITER_IDLE ||
-	    (queue.waiting == WRITER_LINGERING && queue.len >= LOG_WRITE_MAX))
+	/* Woken only when it sleeps, and when it lingers only for a line
+	 * that must not wait or once a write's worth is queued: no futex
+	 * call per access line under load. */
+	if (queue.waiting == WRITER_IDLE || (queue.waiting == WRITER_LINGERING &&
+	    (!access || queue.len >= LOG_WRITE_MAX)))
 		pthread_cond_signal(&queue.more);
 	pthread_mutex_unlock(&queue.lock);
 }
 
 static void log_emit(enum log_format, const char *, const char *, const char *);
 
-/* Waits, the lock held, until a write's worth is queued, the writer is
- * stopped or LOG_LINGER_US has passed. */
+/* Waits, the lock held, until a write's worth is queued, a line that
+ * must not wait is (log_put wakes it), the writer is stopped or flushed,
+ * or LOG_LINGER_US has passed. */
 static void
 linger(void)
 {
@@ -235,9 +240,9 @@ linger(void)
 		until.tv_nsec -= 1000000000L;
 	}
 	queue.waiting = WRITER_LINGERING;
-	while (queue.len < LOG_WRITE_MAX && !queue.stopping &&
-	    pthread_cond_timedwait(&queue.more, &queue.lock, &until) == 0)
-		;
+	/* One wait: a wake is for a line that must go out now. */
+	if (queue.len < LOG_WRITE_MAX && !queue.stopping && !queue.flushing)
+		pthread_cond_timedwait(&queue.more, &queue.lock, &until);
 	queue.waiting = WRITER_BUSY;
 }
 
@@ -252,7 +257,8 @@ log_writer(void *arg)
 		unsigned long long dropped;
 		size_t n;
 
-		if (wrote && queue.len < LOG_WRITE_MAX && !queue.stopping)
+		if (wrote && queue.len < LOG_WRITE_MAX && !queue.stopping &&
+		    !queue.flushing)
 			linger();
 		wrote = 0;
 		while (queue.len == 0 && !queue.stopping) {
@@ -282,7 +288,9 @@ log_writer(void *arg)
 		wrote = 1;
 		if (queue.len == 0)
 			pthread_cond_broadcast(&queue.drained);
-		if ((dropped = queue.dropped) > 0 && queue.len == 0) {
+		/* Told once the backlog is out: under steady lines the
+		 * queue, written a whole write at a time, seldom empties. */
+		if ((dropped = queue.dropped) > 0 && queue.len < LOG_WRITE_MAX) {
 			char msg[160];
 
 			queue.dropped = 0;
@@ -305,7 +313,7 @@ log_start(void)
 	int rc = 0;
 
 	pthread_mutex_lock(&queue.lock);
-	if (!queue.more_monotonic) {
+	if (!queue.more_monotonic && !queue.running) {
 		/* The linger's deadline on the monotonic clock: on the wall
 		 * clock, a step back would hold lines for its length. */
 		pthread_condattr_t attr;
@@ -313,8 +321,10 @@ log_start(void)
 		if (pthread_condattr_init(&attr) == 0) {
 			if (pthread_condattr_setclock(&attr, CLOCK_MONOTONIC) == 0) {
 				pthread_cond_destroy(&queue.more);
-				pthread_cond_init(&queue.more, &attr);
-				queue.more_monotonic = 1;
+				if (pthread_cond_init(&queue.more, &attr) == 0)
+					queue.more_monotonic = 1;
+				else
+					pthread_cond_init(&queue.more, NULL);
 			}
 			pthread_condattr_destroy(&attr);
 		}
@@ -322,6 +332,7 @@ log_start(void)
 	if (!queue.running) {
 		queue.ring = malloc(LOG_QUEUE_SIZE);
 		queue.stopping = 0;
+		queue.flushing = 0;
 		if (queue.ring == NULL || (rc = pthread_create(&queue.thread,
 		    NULL, log_writer, NULL)) != 0) {
 			free(queue.ring);
@@ -345,6 +356,9 @@ log_stop(void)
 		pthread_mutex_unlock(&queue.lock);
 		return;
 	}
+	/* Out with what is queued now, not a linger at a time. */
+	queue.flushing = 1;
+	pthread_cond_signal(&queue.more);
 	clock_gettime(CLOCK_REALTIME, &deadline);
 	deadline.tv_sec += LOG_STOP_WAIT_MS / 1000;
 	while (queue.len > 0 && drained)
@@ -402,7 +416,7 @@ log_emit(enum log_format format, const char *level, const char *msg,
 		n = sizeof(line) - 1;
 		line[n - 1] = '\n';
 	}
-	log_put(line, (size_t)n);
+	log_put(line, (size_t)n, strcmp(level, "access") == 0);
 }
 
 static void
@@ -505,7 +519,7 @@ log_access(const char *route, const char *key, size_t keylen, int status,
 	    route ? "\"" : "", route ? route : "null", route ? "\"" : "", ekey,
 	    status, result, cost, took_us);
 	if (n > 0 && (size_t)n < sizeof(line))
-		log_put(line, (size_t)n);
+		log_put(line, (size_t)n, 1);
 }
 
 void
