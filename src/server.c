@@ -76,7 +76,7 @@
 #define SERVER_STALLED_US	 5000000
 /* See conn_free: once a worker's connections fall to a quarter of a peak
  * of at least this many, its quiet callback runs, a second later. */
-#define SERVER_QUIET_PEAK	 256
+#define SERVER_QUIET_PEAK	 128
 #define SERVER_QUIET_DELAY_US	 1000000
 
 struct header {
@@ -1647,6 +1647,10 @@ on_quiet(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
+	/* A new burst within the second: its connections need the memory,
+	 * and the next fall arms this again. */
+	if (srv->s_nconns >= srv->s_nconns_peak / 4)
+		return;
 	srv->s_nconns_peak = srv->s_nconns;
 	srv->s_on_quiet(srv->s_arg);
 }

@@ -31,7 +31,8 @@ void server_set_idle_timeout(struct server *srv, long long us);
  * of those the handler refuses through request_refused. */
 void server_on_refused(struct server *srv, server_refused_cb cb);
 /* Called (with the handler's arg) a second after the worker's connections
- * fell to a quarter of a peak of 256 or more: what the peak took may go. */
+ * fell, and stayed, below a quarter of a peak of 128 or more: what the
+ * peak took may go. */
 typedef void (*server_quiet_cb)(void *arg);
 void server_on_quiet(struct server *srv, server_quiet_cb cb);
 /* Caps the connections open in all the workers together at n: at it, the
