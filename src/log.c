@@ -47,6 +47,7 @@ static struct {
 	size_t		 head, len;	/* queued: len bytes from head */
 	int		 running, stopping;
 	int		 flushing;	/* log_stop waits: no lingering */
+	int		 urgent;	/* a line queued that must not wait */
 	enum { WRITER_BUSY, WRITER_IDLE, WRITER_LINGERING } waiting;
 	int		 more_monotonic; /* `more` made on CLOCK_MONOTONIC */
 	unsigned long long dropped;	/* lines, not yet told */
@@ -213,6 +214,8 @@ log_put(const char *line, size_t n, int access)
 	memcpy(queue.ring + tail, line, first);
 	memcpy(queue.ring, line + first, n - first);
 	queue.len += n;
+	if (!access)
+		queue.urgent = 1;
 	/* Woken only when it sleeps, and when it lingers only for a line
 	 * that must not wait or once a write's worth is queued: no futex
 	 * call per access line under load. */
@@ -241,7 +244,8 @@ linger(void)
 	}
 	queue.waiting = WRITER_LINGERING;
 	/* One wait: a wake is for a line that must go out now. */
-	if (queue.len < LOG_WRITE_MAX && !queue.stopping && !queue.flushing)
+	if (queue.len < LOG_WRITE_MAX && !queue.stopping && !queue.flushing &&
+	    !queue.urgent)
 		pthread_cond_timedwait(&queue.more, &queue.lock, &until);
 	queue.waiting = WRITER_BUSY;
 }
@@ -257,8 +261,10 @@ log_writer(void *arg)
 		unsigned long long dropped;
 		size_t n;
 
+		/* (A line that must not wait, queued while the writer wrote,
+		 * found it busy and woke nothing: urgent says so.) */
 		if (wrote && queue.len < LOG_WRITE_MAX && !queue.stopping &&
-		    !queue.flushing)
+		    !queue.flushing && !queue.urgent)
 			linger();
 		wrote = 0;
 		while (queue.len == 0 && !queue.stopping) {
@@ -279,6 +285,9 @@ log_writer(void *arg)
 				cut--;
 			n = cut > 0 ? cut : LOG_WRITE_MAX;
 		}
+		/* All that is queued goes out in this write. */
+		if (n == queue.len)
+			queue.urgent = 0;
 		/* Producers add after head + len only: these bytes stay. */
 		pthread_mutex_unlock(&queue.lock);
 		write_all(queue.ring + queue.head, n);
