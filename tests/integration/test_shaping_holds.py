@@ -63,7 +63,10 @@ def test_closed_clients_end_their_holds(ops_daemon):
     assert time.monotonic() - t0 < 2          # the shortest hold was 10 s
     m = scrape(d)
     assert m.checks("lb", "allowed") == 11     # admitted: the slot is spent
-    held = [l for l in d.log().splitlines() if "route=lb" in l]
+    # (access lines go out in batches, within 10 ms)
+    lb = lambda: [l for l in d.log().splitlines() if "route=lb" in l]  # noqa: E731
+    assert wait_until(lambda: len(lb()) == 11, timeout=1), lb()
+    held = lb()
     assert sum("status=499" in l for l in held) == 10, held
     assert sum("status=200" in l for l in held) == 1, held
     # Nothing was given back: the next check waits behind the 11 (110 s).
