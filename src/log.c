@@ -227,14 +227,17 @@ log_put(const char *line, size_t n, int access)
 
 static void log_emit(enum log_format, const char *, const char *, const char *);
 
-/* Waits, the lock held, until a write's worth is queued, a line that
- * must not wait is (log_put wakes it), the writer is stopped or flushed,
- * or LOG_LINGER_US has passed. */
+/* Waits, the lock held, unless a write's worth is queued, a line that
+ * must not wait is, or the writer is stopped or flushed: until one of
+ * those (log_put and log_stop wake it) or LOG_LINGER_US has passed. */
 static void
 linger(void)
 {
 	struct timespec until;
 
+	if (queue.len >= LOG_WRITE_MAX || queue.stopping || queue.flushing ||
+	    queue.urgent)
+		return;
 	clock_gettime(queue.more_monotonic ? CLOCK_MONOTONIC : CLOCK_REALTIME,
 	    &until);
 	until.tv_nsec += LOG_LINGER_US * 1000L;
@@ -244,9 +247,7 @@ linger(void)
 	}
 	queue.waiting = WRITER_LINGERING;
 	/* One wait: a wake is for a line that must go out now. */
-	if (queue.len < LOG_WRITE_MAX && !queue.stopping && !queue.flushing &&
-	    !queue.urgent)
-		pthread_cond_timedwait(&queue.more, &queue.lock, &until);
+	pthread_cond_timedwait(&queue.more, &queue.lock, &until);
 	queue.waiting = WRITER_BUSY;
 }
 
@@ -262,9 +263,9 @@ log_writer(void *arg)
 		size_t n;
 
 		/* (A line that must not wait, queued while the writer wrote,
-		 * found it busy and woke nothing: urgent says so.) */
-		if (wrote && queue.len < LOG_WRITE_MAX && !queue.stopping &&
-		    !queue.flushing && !queue.urgent)
+		 * found it busy and woke nothing: urgent keeps linger from
+		 * waiting.) */
+		if (wrote)
 			linger();
 		wrote = 0;
 		while (queue.len == 0 && !queue.stopping) {

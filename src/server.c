@@ -263,6 +263,14 @@ conn_reclaimable(const struct conn *c)
 	return conn_idle(c) || conn_stalled(c);
 }
 
+/* Below a quarter of a peak of SERVER_QUIET_PEAK or more connections. */
+static int
+fallen_from_peak(const struct server *srv)
+{
+	return srv->s_nconns_peak >= SERVER_QUIET_PEAK &&
+	    srv->s_nconns < srv->s_nconns_peak / 4;
+}
+
 /* Its last reply is out and it is half-closed, waiting only for its
  * client's EOF (see conn_settle). */
 static int
@@ -366,8 +374,7 @@ conn_free(struct conn *c)
 	/* 2,000 connections left 31 MB behind them (an audit), which the
 	 * RSS an operator watches showed as a leak: once most of a large
 	 * peak has gone, the worker is told, to give the memory back. */
-	if (srv->s_on_quiet != NULL && srv->s_nconns_peak >= SERVER_QUIET_PEAK &&
-	    srv->s_nconns < srv->s_nconns_peak / 4 &&
+	if (srv->s_on_quiet != NULL && fallen_from_peak(srv) &&
 	    !evtimer_pending(srv->s_quiet_ev, NULL)) {
 		struct timeval tv = { SERVER_QUIET_DELAY_US / 1000000,
 		    SERVER_QUIET_DELAY_US % 1000000 };
@@ -1649,7 +1656,7 @@ on_quiet(evutil_socket_t fd, short what, void *arg)
 	(void)what;
 	/* A new burst within the second: its connections need the memory,
 	 * and the next fall arms this again. */
-	if (srv->s_nconns >= srv->s_nconns_peak / 4)
+	if (!fallen_from_peak(srv))
 		return;
 	srv->s_nconns_peak = srv->s_nconns;
 	srv->s_on_quiet(srv->s_arg);

@@ -1408,8 +1408,7 @@ store_configure(struct store *st, const struct config *c)
 	st->st_max_batch = c->redis_max_batch;
 	st->st_timeout_us = c->redis_timeout_us;
 	st->st_stall_us = stall_for(c->redis_timeout_us);
-	if (c->redis_timeout_us > st->st_longest_timeout_us)
-		st->st_longest_timeout_us = c->redis_timeout_us;
+	store_take_deadlines(st, c);
 }
 
 void
