@@ -1439,6 +1439,7 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
 	if (get_string(ld, nd, key, &d->r.path) == -1)
 		return -1;
 	d->r.path_kind = kind;
+	d->r.path_len = strlen(d->r.path);
 	if (kind != PATH_REGEX && d->r.path[0] != '/') {
 		node_error(ld, nd, "%s: \"%s\" must start with /", key,
 		    echo(ld, d->r.path));
@@ -1519,7 +1520,9 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
 				d->r.path_kind = PATH_ANY;
 				return -1;
 			}
-		}
+		} else
+			d->r.regex_lead_len = rxcheck_lead(d->r.path,
+			    d->r.regex_lead, sizeof(d->r.regex_lead));
 	}
 	return 0;
 }

@@ -94,12 +94,18 @@ struct host_parts {
 	unsigned char	 v6[16];
 };
 
+#define ROUTE_REGEX_LEAD_MAX	64	/* any more tells routes apart no better */
+
 struct route {
 	char			*name;
 	unsigned		 metric_id;	/* stable across reloads, by name */
 	enum path_match		 path_kind;
 	char			*path;		/* exact path, prefix or regex text */
+	size_t			 path_len;
 	regex_t			 regex;
+	/* What every path the regex matches starts with (rxcheck_lead) */
+	char			 regex_lead[ROUTE_REGEX_LEAD_MAX];
+	size_t			 regex_lead_len;
 	char			**methods;	/* upper case; none = any method */
 	size_t			 nmethods;
 	char			*host;		/* lower case; NULL = any host */

@@ -188,3 +188,31 @@ rxcheck_refused(const char *re, char *why, size_t size, int *anchored,
 	*anchored = re[0] == '^' && !top_alternation;
 	return refused;
 }
+
+/* See rxcheck.h. */
+size_t
+rxcheck_lead(const char *re, char *out, size_t size)
+{
+	size_t n = 0;
+	const char *p = re + 1;	/* past the '^' */
+
+	while (re[0] == '^' && n < size) {
+		char byte = *p;
+		const char *next = p + 1;
+
+		if (byte == '\\' && p[1] != '\0' && strchr(".[]()*+?{}|\\^$", p[1])) {
+			/* escaped, a metacharacter is itself; not any other
+			 * escape: \< and \w are glibc's operators */
+			byte = p[1];
+			next = p + 2;
+		} else if (byte == '\0' || strchr(".[]()*+?{}|\\^$", byte))
+			break;
+		if (*next == '*' || *next == '?' || *next == '{')
+			break;	/* maybe not there at all */
+		out[n++] = byte;
+		if (*next == '+')
+			break;	/* there once, then maybe again */
+		p = next;
+	}
+	return n;
+}

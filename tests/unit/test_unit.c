@@ -712,6 +712,93 @@ test_rxcheck(void)
 	}
 }
 
+/* What an anchored regex's paths start with: its plain bytes after '^',
+ * without one that may not be there. */
+static void
+test_rxcheck_lead(void)
+{
+	static const struct { const char *re, *lead; } cases[] = {
+		{ "^/api/v[0-9]+/", "/api/v" }, { "^/a$", "/a" },
+		{ "^/ab?c", "/a" }, { "^/ab*", "/a" }, { "^/ab{0,2}", "/a" },
+		{ "^/ab+c", "/ab" }, { "^/a\\.json", "/a.json" },
+		{ "^/a\\|b\\{", "/a|b{" }, { "^/a\\.?", "/a" },
+		{ "^/a\\<b", "/a" }, { "^/a\\wb", "/a" }, { "^/a(b|c)", "/a" },
+		{ "^/a.b", "/a" }, { "^^/a", "" }, { "^", "" }, { "/a", "" },
+		{ "^/0123456789012345678901234567890123456789012345678901234567890123456789",
+		  "/012345678901234567890123456789012345678901234567890123456789012" },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char lead[ROUTE_REGEX_LEAD_MAX];
+		size_t n = rxcheck_lead(cases[i].re, lead, sizeof(lead));
+
+		if (n != strlen(cases[i].lead) || memcmp(lead, cases[i].lead, n) != 0) {
+			fprintf(stderr, "    %s: lead \"%.*s\", want \"%s\"\n",
+			    cases[i].re, (int)n, lead, cases[i].lead);
+			CHECK(0);
+		}
+	}
+}
+
+/* No path a regex matches misses its lead, or matching would skip a route
+ * that matches: random anchored patterns against every short path over
+ * the bytes they name. */
+static void
+test_rxcheck_lead_never_skips(void)
+{
+	static const char *const atoms[] = {
+		"a", "b", "/", ".", "\\.", "\\|", "\\{", "[ab]", "(a|b)", "\\<",
+		"\\w", "$", "*", "+", "?", "{2}", "{0,1}", "{1,}", "|",
+	};
+	static const char alphabet[] = "ab/.|{";
+	unsigned long long seed = 0x9e3779b97f4a7c15ULL;
+	unsigned matched = 0, matched_past_lead = 0;
+
+	for (int t = 0; t < 150; t++) {
+		char re[64] = "^", lead[ROUTE_REGEX_LEAD_MAX], why[256];
+		int natoms, anchored;
+		long long units;
+		size_t n;
+		regex_t rx;
+
+		seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+		natoms = 1 + (int)(seed >> 61);
+		for (int k = 0; k < natoms; k++) {
+			seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+			strcat(re, atoms[(seed >> 33) % (sizeof(atoms) / sizeof(atoms[0]))]);
+		}
+		if (rxcheck_refused(re, why, sizeof(why), &anchored, &units) ||
+		    !anchored || regcomp(&rx, re, REG_EXTENDED | REG_NOSUB) != 0)
+			continue;
+		n = rxcheck_lead(re, lead, sizeof(lead));
+		/* every path of up to 5 bytes over the alphabet */
+		for (unsigned code = 0, len = 0, count = 1; len <= 5; code++) {
+			char path[8];
+
+			if (code == count) {
+				code = 0;
+				count *= 6;
+				if (++len > 5)
+					break;
+			}
+			for (unsigned k = 0, c = code; k < len; k++, c /= 6)
+				path[k] = alphabet[c % 6];
+			path[len] = '\0';
+			if (regexec(&rx, path, 0, NULL, 0) != 0)
+				continue;
+			matched++;
+			matched_past_lead += n > 0;
+			if (len < n || memcmp(path, lead, n) != 0) {
+				fprintf(stderr, "    %s matches \"%s\" but its lead is "
+				    "\"%.*s\"\n", re, path, (int)n, lead);
+				CHECK(0);
+			}
+		}
+		regfree(&rx);
+	}
+	CHECK(matched_past_lead > 100 && matched > matched_past_lead);
+}
+
 /* An unanchored regex is searched as "^.*(RE)": the same paths match. */
 static void
 test_regex_routes(void)
@@ -722,6 +809,9 @@ test_regex_routes(void)
 		{ "/q\n\xff/abc/x", "mid" },	/* "." is any byte */
 		{ "/end.json", "end" }, { "/x/end.json", "end" },
 		{ "/x/end.jsonx", NULL }, { "/ABC/x", NULL }, { "/%0a", NULL },
+		/* their leads, "/api/v" and "/api/" */
+		{ "/api/v2/x", "ver" }, { "/api/v/x", "mid" }, { "/api/w", "api" },
+		{ "/apI/w", NULL }, { "/ap", NULL },
 	};
 	struct config *c = load_prepared("routes:\n"
 	    "  - name: mid\n"
@@ -732,6 +822,12 @@ test_regex_routes(void)
 	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n"
 	    "  - name: end\n"
 	    "    match: { regex: '\\.json$' }\n"
+	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n"
+	    "  - name: ver\n"
+	    "    match: { regex: '^/api/v[0-9]+/x' }\n"
+	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n"
+	    "  - name: api\n"
+	    "    match: { regex: '^/api/' }\n"
 	    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n");
 	struct check_input in = { "GET", NULL, NULL, NULL, "203.0.113.7", NULL, NULL };
 
@@ -1367,6 +1463,8 @@ static const struct {
 	{ "routes and keys", test_routes_and_keys },
 	{ "methods: HEAD with GET", test_methods },
 	{ "regex vetting", test_rxcheck },
+	{ "regex leads", test_rxcheck_lead },
+	{ "regex leads never skip a match", test_rxcheck_lead_never_skips },
 	{ "regex routes", test_regex_routes },
 	{ "client ip", test_client_ip },
 	{ "redis keys and command", test_encode_and_build },
