@@ -2568,6 +2568,8 @@ config_free(struct config *c)
 	}
 	free(c->key_prefix);
 	free(c->trusted_proxies);
+	free(c->trusted_ranges[0]);
+	free(c->trusted_ranges[1]);
 	for (size_t i = 0; i < c->nroutes; i++)
 		route_free(&c->routes[i]);
 	free(c->routes);

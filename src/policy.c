@@ -477,10 +477,57 @@ override_index_build(const struct route *route, int from_ip,
 	*out = xrealloc(*out, (*n ? *n : 1) * sizeof(**out));
 }
 
+/* By first address; of two that start together, the wider first */
+static int
+range_order(const void *a, const void *b)
+{
+	const struct addr_range *x = a, *y = b;
+	int first = memcmp(x->first, y->first, sizeof(x->first));
+
+	return first ? first : memcmp(y->last, x->last, sizeof(x->last));
+}
+
+/* config->trusted_ranges from trusted_proxies (see config.h) */
+static void
+prepare_trusted_ranges(struct config *config)
+{
+	for (int v6 = 0; v6 < 2; v6++) {
+		struct addr_range *ranges;
+		size_t n = 0, len = v6 ? 16 : 4;
+
+		free(config->trusted_ranges[v6]);
+		ranges = xcalloc(config->ntrusted_proxies + 1, sizeof(*ranges));
+		for (size_t i = 0; i < config->ntrusted_proxies; i++) {
+			const struct cidr *c = &config->trusted_proxies[i];
+
+			if ((c->family == AF_INET6) != v6)
+				continue;
+			memcpy(ranges[n].first, c->addr, len);
+			memcpy(ranges[n].last, c->addr, len);
+			config_addr_fill_past(ranges[n].first, len, c->bits, 0);
+			config_addr_fill_past(ranges[n].last, len, c->bits, 1);
+			n++;
+		}
+		qsort(ranges, n, sizeof(*ranges), range_order);
+		/* CIDRs nest or stay apart: one that starts inside the range
+		 * before it is inside it */
+		size_t kept = 0;
+
+		for (size_t i = 0; i < n; i++)
+			if (kept == 0 || memcmp(ranges[i].first,
+			    ranges[kept - 1].last, len) > 0)
+				ranges[kept++] = ranges[i];
+		config->trusted_ranges[v6] = ranges;
+		config->ntrusted_ranges[v6] = kept;
+	}
+}
+
 void
 policy_prepare(struct config *config)
 {
 	char canon[INET6_ADDRSTRLEN + 8];
+
+	prepare_trusted_ranges(config);
 
 	for (size_t i = 0; i < config->nroutes; i++) {
 		struct route *r = &config->routes[i];
@@ -783,10 +830,21 @@ policy_canonical_ip(int ipv6_prefix, const char *s, size_t len, char *out,
 static int
 trusted(const struct config *config, int family, const unsigned char *addr)
 {
-	for (size_t i = 0; i < config->ntrusted_proxies; i++)
-		if (config_cidr_contains(&config->trusted_proxies[i], family, addr))
-			return 1;
-	return 0;
+	int v6 = family == AF_INET6;
+	const struct addr_range *ranges = config->trusted_ranges[v6];
+	size_t lo = 0, hi = config->ntrusted_ranges[v6], len = v6 ? 16 : 4;
+
+	/* the last range that starts at or before addr is the only one
+	 * that can hold it */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (memcmp(ranges[mid].first, addr, len) <= 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo > 0 && memcmp(addr, ranges[lo - 1].last, len) <= 0;
 }
 
 int

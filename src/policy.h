@@ -84,7 +84,8 @@ const struct limit_set *policy_limits(const struct route *route,
     const char *key, size_t keylen, int from_ip);
 
 /* The client IP (SPEC §5) as canonical text in out, an IPv6 one cut to
- * config->client_ipv6_prefix ("2001:db8:1:2::/64"). A NULL peer is a unix
+ * config->client_ipv6_prefix ("2001:db8:1:2::/64"); config prepared
+ * (policy_prepare sorts its trusted_proxies). A NULL peer is a unix
  * socket peer, on this host by definition, so it is trusted like a listed
  * proxy; with no forwarding header its client is "unix". Returns 0, or -1
  * when no address was found. */

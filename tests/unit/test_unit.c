@@ -88,6 +88,8 @@ load_prepared(const char *text)
 	struct config *c = load(text, &e);
 
 	CHECK(c != NULL);
+	for (size_t i = 0; c == NULL && i < e.n; i++)
+		fprintf(stderr, "    %s\n", e.lines[i]);
 	if (c != NULL)
 		policy_prepare(c);
 	return c;
@@ -847,17 +849,92 @@ test_regex_routes(void)
 	config_unref(c);
 }
 
+/* A proxy is trusted when any listed range holds it, as a scan of the
+ * list says: random lists of nested, repeated and separate ranges of both
+ * families, against addresses at and around their edges. */
+static void
+test_trusted_proxies_lookup(void)
+{
+	unsigned long long seed = 0x2545f4914f6cdd1dULL;
+	unsigned asked = 0, trusted_seen = 0;
+
+	for (int t = 0; t < 40; t++) {
+		char text[16384], list[12000] = "", peer[64], ip[64];
+		struct config *c;
+		struct cidr cidrs[120];
+		size_t n = 0, used = 0;
+
+		for (int k = 0; k < 1 + t * 3; k++) {
+			int v6, bits;
+			unsigned a, b;
+
+			seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+			v6 = (seed >> 63) & 1;
+			bits = v6 ? 112 + (int)((seed >> 40) % 17) : 16 + (int)((seed >> 40) % 17);
+			a = (unsigned)(seed >> 20) & 0xff;
+			b = (unsigned)(seed >> 28) & 0x3;	/* crowded: many nest */
+			used += (size_t)snprintf(list + used, sizeof(list) - used,
+			    "%s%s", n ? ", " : "", "");
+			if (v6)
+				used += (size_t)snprintf(list + used, sizeof(list) - used,
+				    "'2001:db8::%x:%x/%d'", b, a, bits);
+			else
+				used += (size_t)snprintf(list + used, sizeof(list) - used,
+				    "10.0.%u.%u/%d", b, a, bits);
+			n++;
+		}
+		snprintf(text, sizeof(text), "trusted_proxies: [%s]\nroutes:\n"
+		    "  - name: all\n    match: { prefix: / }\n    key: ip\n"
+		    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n",
+		    list);
+		if ((c = load_prepared(text)) == NULL)
+			return;
+		CHECK(c->ntrusted_proxies == n);
+		for (size_t k = 0; k < c->ntrusted_proxies && k < 120; k++)
+			cidrs[k] = c->trusted_proxies[k];
+		for (unsigned b = 0; b < 5; b++)
+			for (unsigned a = 0; a < 256; a += (a % 16 == 0 || a % 16 == 15) ? 1 : 7)
+				for (int v6 = 0; v6 < 2; v6++) {
+					unsigned char addr[16] = { 0 };
+					int want = 0, family = v6 ? AF_INET6 : AF_INET;
+
+					if (v6) {
+						snprintf(peer, sizeof(peer), "2001:db8::%x:%x", b, a);
+						addr[0] = 0x20; addr[1] = 0x01; addr[2] = 0x0d;
+						addr[3] = 0xb8; addr[13] = (unsigned char)b;
+						addr[15] = (unsigned char)a;
+					} else {
+						snprintf(peer, sizeof(peer), "10.0.%u.%u", b, a);
+						addr[0] = 10; addr[2] = (unsigned char)b;
+						addr[3] = (unsigned char)a;
+					}
+					for (size_t k = 0; k < n; k++)
+						want |= config_cidr_contains(&cidrs[k], family, addr);
+					policy_client_ip(c, peer, "203.0.113.1", NULL, ip, sizeof(ip));
+					asked++;
+					trusted_seen += want;
+					if (want != (strcmp(ip, "203.0.113.1") == 0)) {
+						fprintf(stderr, "    %s among [%s]: client %s, "
+						    "want %s trusted\n", peer, list, ip,
+						    want ? "it" : "not");
+						CHECK(0);
+						config_unref(c);
+						return;
+					}
+				}
+		config_unref(c);
+	}
+	CHECK(trusted_seen > asked / 10 && trusted_seen < asked - asked / 10);
+}
+
 static void
 test_client_ip(void)
 {
-	struct config_errors e;
-	struct config *c = load(good_policy, &e);	/* trusts 127.0.0.1, 10/8 */
+	struct config *c = load_prepared(good_policy);	/* trusts 127.0.0.1, 10/8 */
 	char ip[64];
 
-	if (c == NULL) {
-		CHECK(c != NULL);
+	if (c == NULL)
 		return;
-	}
 	policy_client_ip(c, "127.0.0.1", "203.0.113.7, 10.1.2.3", NULL, ip, sizeof(ip));
 	CHECK_STR(ip, "203.0.113.7");
 	policy_client_ip(c, "127.0.0.1", "198.51.100.1, 203.0.113.7", NULL, ip, sizeof(ip));
@@ -1467,6 +1544,7 @@ static const struct {
 	{ "regex leads never skip a match", test_rxcheck_lead_never_skips },
 	{ "regex routes", test_regex_routes },
 	{ "client ip", test_client_ip },
+	{ "trusted proxies lookup", test_trusted_proxies_lookup },
 	{ "redis keys and command", test_encode_and_build },
 	{ "verdict and headers", test_verdict_and_headers },
 	{ "numbers and dates", test_formatting },
