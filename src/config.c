@@ -1431,6 +1431,7 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
 	char why[256];
 	long long units;
 	int anchored;
+	size_t n;
 
 	if (++d->path_fields > 1) {
 		node_error(ld, nd, "match: use only one of path, prefix and regex");
@@ -1523,6 +1524,9 @@ set_path(struct loader *ld, const struct node *nd, const char *key,
 		} else
 			d->r.regex_lead_len = rxcheck_lead(d->r.path,
 			    d->r.regex_lead, sizeof(d->r.regex_lead));
+		n = rxcheck_needle(d->r.path, d->r.regex_needle,
+		    sizeof(d->r.regex_needle) - 1);
+		d->r.regex_needle[n > d->r.regex_lead_len ? n : 0] = '\0';
 	}
 	return 0;
 }

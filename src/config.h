@@ -103,9 +103,11 @@ struct route {
 	char			*path;		/* exact path, prefix or regex text */
 	size_t			 path_len;
 	regex_t			 regex;
-	/* What every path the regex matches starts with (rxcheck_lead) */
+	/* What every path the regex matches starts with (rxcheck_lead),
+	 * and holds somewhere (rxcheck_needle; "" when it is no longer) */
 	char			 regex_lead[ROUTE_REGEX_LEAD_MAX];
 	size_t			 regex_lead_len;
+	char			 regex_needle[ROUTE_REGEX_LEAD_MAX + 1];
 	char			**methods;	/* upper case; none = any method */
 	size_t			 nmethods;
 	char			*host;		/* lower case; NULL = any host */

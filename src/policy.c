@@ -267,8 +267,10 @@ policy_match(const struct config *config, const struct check_input *in)
 			break;
 		case PATH_REGEX:
 			/* a thousand regex routes cost a path 0.1 ms; their
-			 * leads, a hundredth of it */
+			 * leads and needles, a fraction of it */
 			if (strncmp(r->regex_lead, in->path, r->regex_lead_len) != 0 ||
+			    (r->regex_needle[0] &&
+			    strstr(in->path, r->regex_needle) == NULL) ||
 			    regexec(&r->regex, in->path, 0, NULL, 0) != 0)
 				continue;
 			break;

@@ -189,6 +189,95 @@ rxcheck_refused(const char *re, char *why, size_t size, int *anchored,
 	return refused;
 }
 
+/* The ')' that closes the group opening at p, or NULL. */
+static const char *
+group_end(const char *p)
+{
+	char why[256];
+	int depth = 0, refused = 0;
+
+	for (; *p; p++) {
+		if (*p == '[') {
+			if ((p = bracket_end(p, why, sizeof(why), &refused)) == NULL)
+				return NULL;
+		} else if (*p == '\\' && p[1] != '\0')
+			p++;
+		else if (*p == '(')
+			depth++;
+		else if (*p == ')' && --depth == 0)
+			return p;
+	}
+	return NULL;
+}
+
+/* Does a '|' outside every group and bracket part the whole pattern? */
+static int
+top_alternation(const char *re)
+{
+	char why[256];
+	int refused = 0;
+
+	for (const char *p = re; *p; p++) {
+		if (*p == '|')
+			return 1;
+		if (*p == '[')
+			p = bracket_end(p, why, sizeof(why), &refused);
+		else if (*p == '(')
+			p = group_end(p);
+		else if (*p == '\\' && p[1] != '\0')
+			p++;
+		if (p == NULL)
+			return 1;	/* regcomp's error: say nothing of it */
+	}
+	return 0;
+}
+
+/* The atom at p when it is one plain byte (an escaped metacharacter is
+ * that character; no other escape is: \< and \w are glibc's operators):
+ * the byte in *byte, and past it returned; else NULL. */
+static const char *
+plain_byte(const char *p, char *byte)
+{
+	static const char meta[] = ".[]()*+?{}|\\^$";
+
+	if (p[0] == '\\' && p[1] != '\0' && strchr(meta, p[1])) {
+		*byte = p[1];
+		return p + 2;
+	}
+	if (p[0] == '\0' || strchr(meta, p[0]))
+		return NULL;
+	*byte = p[0];
+	return p + 1;
+}
+
+/* Past the quantifiers at q, a chain of them ("+*" is "(a+)*"): *optional
+ * when they let the atom before them be missing, *repeated when they let
+ * it come again. An interval counts as both. */
+static const char *
+quantifiers(const char *q, int *optional, int *repeated)
+{
+	const char *end;
+	long long extra;
+
+	*optional = *repeated = 0;
+	for (;;) {
+		if (*q == '*' || *q == '?') {
+			*optional = 1;
+			*repeated |= *q == '*';
+			q++;
+		} else if (*q == '+') {
+			*repeated = 1;
+			q++;
+		} else if (*q == '{') {
+			*optional = *repeated = 1;
+			if (interval_copies(q, &end, &extra) < 0)
+				return q + 1;	/* regcomp's error */
+			q = end + 1;
+		} else
+			return q;
+	}
+}
+
 /* See rxcheck.h. */
 size_t
 rxcheck_lead(const char *re, char *out, size_t size)
@@ -196,23 +285,79 @@ rxcheck_lead(const char *re, char *out, size_t size)
 	size_t n = 0;
 	const char *p = re + 1;	/* past the '^' */
 
-	while (re[0] == '^' && n < size) {
-		char byte = *p;
-		const char *next = p + 1;
+	if (re[0] != '^' || top_alternation(re))
+		return 0;
+	while (n < size) {
+		const char *next;
+		char byte;
+		int optional, repeated;
 
-		if (byte == '\\' && p[1] != '\0' && strchr(".[]()*+?{}|\\^$", p[1])) {
-			/* escaped, a metacharacter is itself; not any other
-			 * escape: \< and \w are glibc's operators */
-			byte = p[1];
-			next = p + 2;
-		} else if (byte == '\0' || strchr(".[]()*+?{}|\\^$", byte))
+		if ((next = plain_byte(p, &byte)) == NULL)
 			break;
-		if (*next == '*' || *next == '?' || *next == '{')
+		next = quantifiers(next, &optional, &repeated);
+		if (optional)
 			break;	/* maybe not there at all */
 		out[n++] = byte;
-		if (*next == '+')
+		if (repeated)
 			break;	/* there once, then maybe again */
 		p = next;
 	}
 	return n;
+}
+
+/* See rxcheck.h. */
+size_t
+rxcheck_needle(const char *re, char *out, size_t size)
+{
+	char *run = xmalloc(size ? size : 1), why[256];
+	size_t best = 0, len = 0;	/* len: the run's bytes, kept or not */
+	const char *p = re;
+	int refused = 0;
+
+	if (top_alternation(re)) {
+		free(run);
+		return 0;
+	}
+	for (;;) {
+		const char *next;
+		char byte;
+		int optional = 1, repeated = 1;
+
+		if ((next = plain_byte(p, &byte)) != NULL) {
+			next = quantifiers(next, &optional, &repeated);
+			if (!optional) {
+				if (len < size)
+					run[len] = byte;
+				len++;
+			}
+		}
+		if (optional || repeated) {
+			/* the run ends: any prefix of it is in every match */
+			size_t kept = len < size ? len : size;
+
+			if (kept > best) {
+				memcpy(out, run, kept);
+				best = kept;
+			}
+			len = 0;
+		}
+		if (next != NULL) {
+			p = next;
+			continue;
+		}
+		if (*p == '\0')
+			break;
+		/* any other atom, and what quantifies it */
+		if (*p == '[')
+			next = bracket_end(p, why, sizeof(why), &refused);
+		else if (*p == '(')
+			next = group_end(p);
+		else
+			next = p + (*p == '\\' && p[1] != '\0');
+		if (next == NULL)
+			break;	/* regcomp's error */
+		p = quantifiers(next + 1, &optional, &repeated);
+	}
+	free(run);
+	return best;
 }

@@ -41,15 +41,19 @@ int rxcheck_refused(const char *re, char *why, size_t size, int *anchored,
     long long *units);
 
 /*
- * The bytes every path that an anchored pattern (see rxcheck_refused)
- * matches starts with, as the pattern spells them after its '^' ("/api/v"
- * of "^/api/v[0-9]+/"), written to out, at most size of them (no NUL);
- * returns how many. Matching compares them before it runs the regex: with
- * a thousand regex routes, a path tries each in turn. Never too many, as
- * a byte that may not be there would skip a route that matches: it stops
- * before anything but a plain byte or an escaped metacharacter, and drops
- * a byte that '*', '?' or an interval may repeat zero times.
+ * Matching a path against a thousand regex routes runs each regex in
+ * turn; these give bytes a path must hold for the regex to match, which a
+ * string compare rules out first. Never too many, as a byte that may not
+ * be there would skip a route that matches: a run stops before anything
+ * but a plain byte or an escaped metacharacter, and drops a byte that a
+ * '*', '?' or an interval may leave out. Both write at most size bytes (no
+ * NUL) to out and return how many; 0 when they know none.
  */
+/* What every path the pattern matches starts with, when it is anchored
+ * (see rxcheck_refused): "/api/v" of "^/api/v[0-9]+/". */
 size_t rxcheck_lead(const char *re, char *out, size_t size);
+/* The longest run of bytes every path the pattern matches holds
+ * somewhere: ".json" of "\\.json$", "/users/" of "^/[a-z]+/users/". */
+size_t rxcheck_needle(const char *re, char *out, size_t size);
 
 #endif

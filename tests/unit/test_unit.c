@@ -714,65 +714,87 @@ test_rxcheck(void)
 	}
 }
 
-/* What an anchored regex's paths start with: its plain bytes after '^',
- * without one that may not be there. */
+/* What a regex's paths start with (anchored), and hold somewhere: plain
+ * bytes, without one that may not be there. */
 static void
 test_rxcheck_lead(void)
 {
-	static const struct { const char *re, *lead; } cases[] = {
-		{ "^/api/v[0-9]+/", "/api/v" }, { "^/a$", "/a" },
-		{ "^/ab?c", "/a" }, { "^/ab*", "/a" }, { "^/ab{0,2}", "/a" },
-		{ "^/ab+c", "/ab" }, { "^/a\\.json", "/a.json" },
-		{ "^/a\\|b\\{", "/a|b{" }, { "^/a\\.?", "/a" },
-		{ "^/a\\<b", "/a" }, { "^/a\\wb", "/a" }, { "^/a(b|c)", "/a" },
-		{ "^/a.b", "/a" }, { "^^/a", "" }, { "^", "" }, { "/a", "" },
+	static const struct { const char *re, *lead, *needle; } cases[] = {
+		{ "^/api/v[0-9]+/", "/api/v", "/api/v" }, { "^/a$", "/a", "/a" },
+		{ "^/ab?c", "/a", "/a" }, { "^/ab*", "/a", "/a" },
+		{ "^/ab{0,2}", "/a", "/a" }, { "^/ab{2}cde", "/a", "cde" },
+		{ "^/ab+c", "/ab", "/ab" }, { "^/a\\.json", "/a.json", "/a.json" },
+		{ "^/a\\|b\\{", "/a|b{", "/a|b{" }, { "^/a\\.?", "/a", "/a" },
+		/* a chain of quantifiers: "b+*" is "(b+)*", maybe no b */
+		{ "^/ab+*", "/a", "/a" }, { "^/ab+?cde", "/a", "cde" },
+		{ "^/ab++c", "/ab", "/ab" },
+		{ "^/a\\<b", "/a", "/a" }, { "^/a\\wbcd", "/a", "bcd" }, { "[ab]{0,1}cd", "", "cd" },
+		{ "(ab)*cd", "", "cd" }, { "a.*bcd", "", "bcd" },
+		{ "^/a(b|c)", "/a", "/a" }, { "^/a.bcd", "/a", "bcd" },
+		{ "^^/a", "", "/a" }, { "^", "", "" }, { "", "", "" },
+		/* an alternation outside groups parts the whole pattern */
+		{ "^/ab|^/cd", "", "" }, { "^/ab(c|d)|x", "", "" },
+		{ "^/a[|]bcd", "/a", "bcd" }, { "^/a(x|y)bcd", "/a", "bcd" },
+		{ "\\.json$", "", ".json" }, { "[a-z]+/x", "", "/x" },
+		{ "^/[a-z]+/users/[0-9]+", "/", "/users/" },
+		{ "\\<abc\\>", "", "abc" }, { "a\\|bc", "", "a|bc" },
 		{ "^/0123456789012345678901234567890123456789012345678901234567890123456789",
+		  "/012345678901234567890123456789012345678901234567890123456789012",
 		  "/012345678901234567890123456789012345678901234567890123456789012" },
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		char lead[ROUTE_REGEX_LEAD_MAX];
+		char lead[ROUTE_REGEX_LEAD_MAX], needle[ROUTE_REGEX_LEAD_MAX];
 		size_t n = rxcheck_lead(cases[i].re, lead, sizeof(lead));
+		size_t m = rxcheck_needle(cases[i].re, needle, sizeof(needle));
 
-		if (n != strlen(cases[i].lead) || memcmp(lead, cases[i].lead, n) != 0) {
-			fprintf(stderr, "    %s: lead \"%.*s\", want \"%s\"\n",
-			    cases[i].re, (int)n, lead, cases[i].lead);
+		if (n != strlen(cases[i].lead) || memcmp(lead, cases[i].lead, n) != 0 ||
+		    m != strlen(cases[i].needle) ||
+		    memcmp(needle, cases[i].needle, m) != 0) {
+			fprintf(stderr, "    %s: lead \"%.*s\", want \"%s\"; needle "
+			    "\"%.*s\", want \"%s\"\n", cases[i].re, (int)n, lead,
+			    cases[i].lead, (int)m, needle, cases[i].needle);
 			CHECK(0);
 		}
 	}
 }
 
-/* No path a regex matches misses its lead, or matching would skip a route
- * that matches: random anchored patterns against every short path over
- * the bytes they name. */
+/* No path a regex matches misses its lead or needle, or matching would
+ * skip a route that matches: random patterns against every short path
+ * over the bytes they name. */
 static void
 test_rxcheck_lead_never_skips(void)
 {
 	static const char *const atoms[] = {
-		"a", "b", "/", ".", "\\.", "\\|", "\\{", "[ab]", "(a|b)", "\\<",
-		"\\w", "$", "*", "+", "?", "{2}", "{0,1}", "{1,}", "|",
+		"a", "b", "/", "ab", ".", "\\.", "\\|", "\\{", "[ab]", "[|]", "(a|b)",
+		"\\<", "\\w", "$", "^", "*", "+", "?", "+*", "+?", "{2}", "{0,1}",
+		"{1,}", "|",
 	};
 	static const char alphabet[] = "ab/.|{";
 	unsigned long long seed = 0x9e3779b97f4a7c15ULL;
-	unsigned matched = 0, matched_past_lead = 0;
+	unsigned matched = 0, past_lead = 0, past_needle = 0;
 
-	for (int t = 0; t < 150; t++) {
-		char re[64] = "^", lead[ROUTE_REGEX_LEAD_MAX], why[256];
+	for (int t = 0; t < 600; t++) {
+		char re[64], lead[ROUTE_REGEX_LEAD_MAX], needle[ROUTE_REGEX_LEAD_MAX + 1];
+		char why[256];
 		int natoms, anchored;
 		long long units;
-		size_t n;
+		size_t n, m;
 		regex_t rx;
 
 		seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-		natoms = 1 + (int)(seed >> 61);
+		strcpy(re, seed >> 63 ? "^" : "");
+		natoms = 1 + (int)((seed >> 60) & 3) + (int)((seed >> 58) & 1);
 		for (int k = 0; k < natoms; k++) {
 			seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
 			strcat(re, atoms[(seed >> 33) % (sizeof(atoms) / sizeof(atoms[0]))]);
 		}
 		if (rxcheck_refused(re, why, sizeof(why), &anchored, &units) ||
-		    !anchored || regcomp(&rx, re, REG_EXTENDED | REG_NOSUB) != 0)
+		    regcomp(&rx, re, REG_EXTENDED | REG_NOSUB) != 0)
 			continue;
-		n = rxcheck_lead(re, lead, sizeof(lead));
+		n = anchored ? rxcheck_lead(re, lead, sizeof(lead)) : 0;
+		m = rxcheck_needle(re, needle, sizeof(needle) - 1);
+		needle[m] = '\0';
 		/* every path of up to 5 bytes over the alphabet */
 		for (unsigned code = 0, len = 0, count = 1; len <= 5; code++) {
 			char path[8];
@@ -789,16 +811,20 @@ test_rxcheck_lead_never_skips(void)
 			if (regexec(&rx, path, 0, NULL, 0) != 0)
 				continue;
 			matched++;
-			matched_past_lead += n > 0;
-			if (len < n || memcmp(path, lead, n) != 0) {
+			past_lead += n > 0;
+			past_needle += m > 0;
+			if (len < n || memcmp(path, lead, n) != 0 ||
+			    strstr(path, needle) == NULL) {
 				fprintf(stderr, "    %s matches \"%s\" but its lead is "
-				    "\"%.*s\"\n", re, path, (int)n, lead);
+				    "\"%.*s\", its needle \"%s\"\n", re, path, (int)n,
+				    lead, needle);
 				CHECK(0);
+				break;
 			}
 		}
 		regfree(&rx);
 	}
-	CHECK(matched_past_lead > 100 && matched > matched_past_lead);
+	CHECK(past_lead > 1000 && past_needle > past_lead && matched > past_needle);
 }
 
 /* An unanchored regex is searched as "^.*(RE)": the same paths match. */
