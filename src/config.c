@@ -2748,8 +2748,12 @@ config_limit_window_seconds(const struct limit *l)
 	if (!config_algorithm_is_bucket(l->algorithm))
 		us = l->window_us;
 	else {
-		/* burst / rate = burst * period / n, rounded up */
+		/* burst / rate = burst * period / n, rounded up; a policy
+		 * keeps it far below the cap, which keeps the cast defined */
 		long double v = (long double)l->quota * l->rate_period_us / l->rate_n;
+
+		if (v > (long double)(LLONG_MAX - US_PER_S))
+			v = (long double)(LLONG_MAX - US_PER_S);
 		us = (long long)v;
 		if ((long double)us < v)
 			us++;
