@@ -495,7 +495,7 @@ prepare_trusted_ranges(struct config *config)
 {
 	for (int v6 = 0; v6 < 2; v6++) {
 		struct addr_range *ranges;
-		size_t n = 0, len = v6 ? 16 : 4;
+		size_t n = 0, kept = 0, len = v6 ? 16 : 4;
 
 		free(config->trusted_ranges[v6]);
 		ranges = xcalloc(config->ntrusted_proxies + 1, sizeof(*ranges));
@@ -513,8 +513,6 @@ prepare_trusted_ranges(struct config *config)
 		qsort(ranges, n, sizeof(*ranges), range_order);
 		/* CIDRs nest or stay apart: one that starts inside the range
 		 * before it is inside it */
-		size_t kept = 0;
-
 		for (size_t i = 0; i < n; i++)
 			if (kept == 0 || memcmp(ranges[i].first,
 			    ranges[kept - 1].last, len) > 0)
