@@ -46,6 +46,15 @@ bracket_end(const char *p, char *why, size_t size, int *refused)
 	return *q ? q : NULL;
 }
 
+/* Inside an interval's braces glibc reads an escaped digit or comma as
+ * itself: "{1\0\0}" is {100}. q past such a backslash. */
+static const char *
+brace_unescaped(const char *q)
+{
+	return q[0] == '\\' && (isdigit((unsigned char)q[1]) || q[1] == ',') ?
+	    q + 1 : q;
+}
+
 /* How many copies of the last atom an interval "{m}", "{m,}", "{m,n}" or
  * "{,n}" at p makes glibc write out (0 for none), with *end past it; -1
  * when p starts no interval (the brace is a literal, or regcomp's error). */
@@ -53,18 +62,22 @@ static long long
 interval_copies(const char *p, const char **end, long long *optional)
 {
 	long long m = 0, n = -1;
-	const char *q = p + 1;
+	const char *q = brace_unescaped(p + 1);
 
 	if (!isdigit((unsigned char)*q) && *q != ',')
 		return -1;
-	while (isdigit((unsigned char)*q) && m <= 100000)
-		m = m * 10 + (*q++ - '0');
+	while (isdigit((unsigned char)*q) && m <= 100000) {
+		m = m * 10 + (*q - '0');
+		q = brace_unescaped(q + 1);
+	}
 	if (*q == ',') {
-		q++;
+		q = brace_unescaped(q + 1);
 		if (isdigit((unsigned char)*q)) {
 			n = 0;
-			while (isdigit((unsigned char)*q) && n <= 100000)
-				n = n * 10 + (*q++ - '0');
+			while (isdigit((unsigned char)*q) && n <= 100000) {
+				n = n * 10 + (*q - '0');
+				q = brace_unescaped(q + 1);
+			}
 		}
 	} else
 		n = m;
@@ -86,13 +99,28 @@ rxcheck_refused(const char *re, char *why, size_t size, int *anchored,
 	struct { long long total, last, units, last_units; } *frames;
 	size_t depth = 0;
 	long long written = 0;	/* atoms as the pattern writes them */
-	int refused = 0, too_many = 0, top_alternation = 0;
+	int refused = 0, too_many = 0, top_alternation = 0, after_repeat = 0;
 
 	frames = xcalloc(strlen(re) + 2, sizeof(*frames));
 	for (const char *p = re; *p && !refused; p++) {
 		long long copies, optional, group_units;
 		const char *end;
+		int repeat = *p == '*' || *p == '+' || *p == '?' ||
+		    (*p == '{' && interval_copies(p, &end, &optional) >= 0);
 
+		if (repeat && after_repeat) {
+			/* glibc nests them: "a*" then twelve '+' took 10 s and
+			 * 880 MB to compile, each one more about four times it */
+			snprintf(why, size, "'%c' at byte %zu repeats a repeat, which "
+			    "POSIX ERE leaves undefined (PCRE's possessive \"*+\" "
+			    "and lazy \"+?\" are not ERE), and glibc compiles a "
+			    "chain of them in time and memory exponential in its "
+			    "length: keep one, or group what repeats, as in (a*)+",
+			    *p, (size_t)(p - re) + 1);
+			refused = 1;
+			break;
+		}
+		after_repeat = repeat;
 		if (*p == '[') {
 			if ((end = bracket_end(p, why, size, &refused)) == NULL)
 				break;	/* refused, or regcomp says what */

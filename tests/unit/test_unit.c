@@ -695,6 +695,16 @@ test_rxcheck(void)
 		{ "[\\d]", 1, 0, -1, "[:digit:]" },
 		{ "a)", 1, 0, -1, "closes no '('" },
 		{ "((a{1,30}){1,30}){1,30}b", 1, 0, -1, "more than 1000 extra copies" },
+		/* glibc reads an escaped digit in the braces as the digit */
+		{ "((a{1,3\\0}){1,3\\0}){1,3\\0}b", 1, 0, -1,
+		  "more than 1000 extra copies" },
+		{ "^/[a-z0-9-]{1\\0,6\\0}/", 0, 1, 50 * 50, NULL },
+		/* a repeat of a repeat: undefined, and exponential to compile */
+		{ "/*++++++++++++x", 1, 0, -1, "'+' at byte 3 repeats a repeat" },
+		{ "^/[0-9]++$", 1, 0, -1, "possessive" },
+		{ "a{2}*", 1, 0, -1, "repeats a repeat" },
+		{ "a+{2}", 1, 0, -1, "repeats a repeat" },
+		{ "(a*)+b?c*", 0, 0, 0, NULL },
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -738,6 +748,7 @@ test_rxcheck_lead(void)
 		{ "\\.json$", "", ".json" }, { "[a-z]+/x", "", "/x" },
 		{ "^/[a-z]+/users/[0-9]+", "/", "/users/" },
 		{ "\\<abc\\>", "", "abc" }, { "a\\|bc", "", "a|bc" },
+		{ "^/a{\\0,}b", "/", "/" }, { "a{\\00,}", "", "" },
 		{ "^/0123456789012345678901234567890123456789012345678901234567890123456789",
 		  "/012345678901234567890123456789012345678901234567890123456789012",
 		  "/012345678901234567890123456789012345678901234567890123456789012" },
