@@ -162,6 +162,12 @@ rxcheck_refused(const char *re, char *why, size_t size, int *anchored,
 			}
 			copies = frames[depth].total;
 			group_units = frames[depth--].units;
+			if (copies == 0) {
+				/* glibc writes an empty group out as it does an
+				 * atom, and dearer: "(){,4000}" took 557 MB */
+				copies = 1;
+				written++;
+			}
 			frames[depth].last = copies;
 			frames[depth].total += copies;
 			frames[depth].last_units = group_units;

@@ -705,6 +705,10 @@ test_rxcheck(void)
 		{ "a{2}*", 1, 0, -1, "repeats a repeat" },
 		{ "a+{2}", 1, 0, -1, "repeats a repeat" },
 		{ "(a*)+b?c*", 0, 0, 0, NULL },
+		/* an empty group repeated costs as an atom does, or more */
+		{ "x(){,1000}", 0, 0, 1000 * 1000, NULL },
+		{ "(|){1,2000}", 1, 0, -1, "more than 1000 extra copies" },
+		{ "()(())((){,6660})", 1, 0, -1, "more than 1000 extra copies" },
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
