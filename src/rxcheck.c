@@ -105,8 +105,9 @@ rxcheck_refused(const char *re, char *why, size_t size, int *anchored,
 	for (const char *p = re; *p && !refused; p++) {
 		long long copies, optional, group_units;
 		const char *end;
-		int repeat = *p == '*' || *p == '+' || *p == '?' ||
-		    (*p == '{' && interval_copies(p, &end, &optional) >= 0);
+		long long interval = *p == '{' ?
+		    interval_copies(p, &end, &optional) : -1;
+		int repeat = *p == '*' || *p == '+' || *p == '?' || interval >= 0;
 
 		if (repeat && after_repeat) {
 			/* glibc nests them: "a*" then twelve '+' took 10 s and
@@ -180,9 +181,10 @@ rxcheck_refused(const char *re, char *why, size_t size, int *anchored,
 			continue;
 		} else if (*p == '*' || *p == '+' || *p == '?') {
 			continue;	/* a loop over the atom: no copies */
-		} else if (*p == '{' && (copies = interval_copies(p, &end,
-		    &optional)) >= 0) {
+		} else if (interval >= 0) {
 			long long was = frames[depth].last_units;
+
+			copies = interval;
 
 			/* The atom written out copies times, what it costs
 			 * too, and each optional copy leads to all those after

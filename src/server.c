@@ -376,8 +376,7 @@ conn_free(struct conn *c)
 	 * peak has gone, the worker is told, to give the memory back. */
 	if (srv->s_on_quiet != NULL && fallen_from_peak(srv) &&
 	    !evtimer_pending(srv->s_quiet_ev, NULL)) {
-		struct timeval tv = { SERVER_QUIET_DELAY_US / 1000000,
-		    SERVER_QUIET_DELAY_US % 1000000 };
+		struct timeval tv = tv_us(SERVER_QUIET_DELAY_US);
 
 		evtimer_add(srv->s_quiet_ev, &tv);
 	}

@@ -728,6 +728,13 @@ test_rxcheck(void)
 	}
 }
 
+/* The next of a fixed sequence (a 64-bit LCG): random cases that replay. */
+static void
+next_seed(unsigned long long *seed)
+{
+	*seed = *seed * 6364136223846793005ULL + 1442695040888963407ULL;
+}
+
 /* What a regex's paths start with (anchored), and hold somewhere: plain
  * bytes, without one that may not be there. */
 static void
@@ -797,11 +804,11 @@ test_rxcheck_lead_never_skips(void)
 		size_t n, m;
 		regex_t rx;
 
-		seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+		next_seed(&seed);
 		strcpy(re, seed >> 63 ? "^" : "");
 		natoms = 1 + (int)((seed >> 60) & 3) + (int)((seed >> 58) & 1);
 		for (int k = 0; k < natoms; k++) {
-			seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+			next_seed(&seed);
 			strcat(re, atoms[(seed >> 33) % (sizeof(atoms) / sizeof(atoms[0]))]);
 		}
 		if (rxcheck_refused(re, why, sizeof(why), &anchored, &units) ||
@@ -909,19 +916,17 @@ test_trusted_proxies_lookup(void)
 			int v6, bits;
 			unsigned a, b;
 
-			seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+			next_seed(&seed);
 			v6 = (seed >> 63) & 1;
 			bits = v6 ? 112 + (int)((seed >> 40) % 17) : 16 + (int)((seed >> 40) % 17);
 			a = (unsigned)(seed >> 20) & 0xff;
 			b = (unsigned)(seed >> 28) & 0x3;	/* crowded: many nest */
-			used += (size_t)snprintf(list + used, sizeof(list) - used,
-			    "%s%s", n ? ", " : "", "");
 			if (v6)
 				used += (size_t)snprintf(list + used, sizeof(list) - used,
-				    "'2001:db8::%x:%x/%d'", b, a, bits);
+				    "%s'2001:db8::%x:%x/%d'", n ? ", " : "", b, a, bits);
 			else
 				used += (size_t)snprintf(list + used, sizeof(list) - used,
-				    "10.0.%u.%u/%d", b, a, bits);
+				    "%s10.0.%u.%u/%d", n ? ", " : "", b, a, bits);
 			n++;
 		}
 		snprintf(text, sizeof(text), "trusted_proxies: [%s]\nroutes:\n"
