@@ -2577,6 +2577,8 @@ config_free(struct config *c)
 	for (size_t i = 0; i < c->nroutes; i++)
 		route_free(&c->routes[i]);
 	free(c->routes);
+	free(c->host_routes);
+	free(c->hostless_routes);
 	for (size_t i = 0; i < c->nwarnings; i++)
 		free(c->warnings[i]);
 	free(c->warnings);

@@ -128,6 +128,13 @@ struct route {
 	int			 mixes_ip;	/* see policy_route_mixes_ip */
 };
 
+/* A route's match.host name (lower case, in its host_parts) */
+struct host_route {
+	const char	*name;
+	size_t		 namelen;
+	size_t		 route;		/* index into config->routes */
+};
+
 /* first..last, both in, of one family; big-endian, so memcmp orders them */
 struct addr_range {
 	unsigned char	first[16], last[16];
@@ -213,6 +220,15 @@ struct config {
 
 	struct route	*routes;
 	size_t		 nroutes;
+	/* policy_match's view of routes (policy_prepare): those naming a
+	 * host by name, sorted by it, and the rest (no host, or an IPv6
+	 * address, spelled many ways), each in file order. A request looks
+	 * only at its host's and the rest: scanning 999 host routes took
+	 * 0.3 of a check's time. */
+	struct host_route *host_routes;
+	size_t		 nhost_routes;
+	size_t		*hostless_routes;	/* indexes into routes */
+	size_t		 nhostless_routes;
 
 	/* GET /v1/policy's body, rendered once by config_render_json (on the
 	 * main thread: a large policy takes tens of milliseconds, which no

@@ -245,49 +245,109 @@ policy_route_takes_method(const struct route *r, const char *method)
 	return 0;
 }
 
+/* Does r take the request? host: the request's, split on the first
+ * route that asks (*host_split). */
+static int
+route_takes(const struct route *r, const struct check_input *in,
+    struct host_parts *host, int *host_split)
+{
+	switch (r->path_kind) {
+	case PATH_ANY:
+		break;
+	case PATH_EXACT:
+		if (strcmp(r->path, in->path) != 0)
+			return 0;
+		break;
+	case PATH_PREFIX:
+		if (strncmp(r->path, in->path, r->path_len) != 0)
+			return 0;
+		break;
+	case PATH_REGEX:
+		/* a thousand regex routes cost a path 0.1 ms; their leads and
+		 * needles, a fraction of it */
+		if (strncmp(r->regex_lead, in->path, r->regex_lead_len) != 0 ||
+		    (r->regex_needle[0] &&
+		    strstr(in->path, r->regex_needle) == NULL) ||
+		    regexec(&r->regex, in->path, 0, NULL, 0) != 0)
+			return 0;
+		break;
+	}
+	if (r->nmethods && !policy_route_takes_method(r, in->method))
+		return 0;
+	if (r->host) {
+		if (in->host == NULL)
+			return 0;
+		if (!*host_split) {
+			policy_host_split(in->host, host);
+			*host_split = 1;
+		}
+		if (!host_matches(&r->host_parts, host))
+			return 0;
+	}
+	return 1;
+}
+
+/* A route's host name against a request's, as host_matches compares
+ * names (but for case), in the order config->host_routes is sorted in */
+static int
+host_name_cmp(const struct host_route *hr, const char *name, size_t len)
+{
+	if (hr->namelen != len)
+		return hr->namelen < len ? -1 : 1;
+	for (size_t i = 0; i < len; i++) {
+		int a = (unsigned char)hr->name[i];
+		int b = tolower((unsigned char)name[i]);
+
+		if (a != b)
+			return a < b ? -1 : 1;
+	}
+	return 0;
+}
+
+/* The first of config->host_routes named name[0..len) (past: after) */
+static size_t
+host_routes_bound(const struct config *config, const char *name, size_t len,
+    int past)
+{
+	size_t lo = 0, hi = config->nhost_routes;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int c = host_name_cmp(&config->host_routes[mid], name, len);
+
+		if (c < 0 || (past && c == 0))
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
 const struct route *
 policy_match(const struct config *config, const struct check_input *in)
 {
 	struct host_parts host;
 	int host_split = 0;	/* the request's, once a route asks */
+	size_t any = 0, named = 0, named_end = 0;
 
-	for (size_t i = 0; i < config->nroutes; i++) {
-		const struct route *r = &config->routes[i];
+	if (in->host != NULL && config->nhost_routes > 0) {
+		policy_host_split(in->host, &host);
+		host_split = 1;
+		named = host_routes_bound(config, host.name, host.namelen, 0);
+		named_end = host_routes_bound(config, host.name, host.namelen, 1);
+	}
+	/* the routes of the request's host name and those of any host, in
+	 * file order, as if each had been tried */
+	while (any < config->nhostless_routes || named < named_end) {
+		size_t i;
 
-		switch (r->path_kind) {
-		case PATH_ANY:
-			break;
-		case PATH_EXACT:
-			if (strcmp(r->path, in->path) != 0)
-				continue;
-			break;
-		case PATH_PREFIX:
-			if (strncmp(r->path, in->path, r->path_len) != 0)
-				continue;
-			break;
-		case PATH_REGEX:
-			/* a thousand regex routes cost a path 0.1 ms; their
-			 * leads and needles, a fraction of it */
-			if (strncmp(r->regex_lead, in->path, r->regex_lead_len) != 0 ||
-			    (r->regex_needle[0] &&
-			    strstr(in->path, r->regex_needle) == NULL) ||
-			    regexec(&r->regex, in->path, 0, NULL, 0) != 0)
-				continue;
-			break;
-		}
-		if (r->nmethods && !policy_route_takes_method(r, in->method))
-			continue;
-		if (r->host) {
-			if (in->host == NULL)
-				continue;
-			if (!host_split) {
-				policy_host_split(in->host, &host);
-				host_split = 1;
-			}
-			if (!host_matches(&r->host_parts, &host))
-				continue;
-		}
-		return r;
+		if (named == named_end || (any < config->nhostless_routes &&
+		    config->hostless_routes[any] < config->host_routes[named].route))
+			i = config->hostless_routes[any++];
+		else
+			i = config->host_routes[named++].route;
+		if (route_takes(&config->routes[i], in, &host, &host_split))
+			return &config->routes[i];
 	}
 	return NULL;
 }
@@ -522,6 +582,48 @@ prepare_trusted_ranges(struct config *config)
 	}
 }
 
+static int
+host_route_order(const void *a, const void *b)
+{
+	const struct host_route *x = a, *y = b;
+	int c;
+
+	if (x->namelen != y->namelen)
+		return x->namelen < y->namelen ? -1 : 1;
+	if ((c = memcmp(x->name, y->name, x->namelen)) != 0)
+		return c;
+	return (x->route > y->route) - (x->route < y->route);
+}
+
+/* config->host_routes and hostless_routes (see config.h), once each
+ * route's host_parts are set */
+static void
+prepare_route_index(struct config *config)
+{
+	size_t named = 0, any = 0;
+
+	free(config->host_routes);
+	free(config->hostless_routes);
+	config->host_routes = xcalloc(config->nroutes + 1,
+	    sizeof(*config->host_routes));
+	config->hostless_routes = xcalloc(config->nroutes + 1,
+	    sizeof(*config->hostless_routes));
+	for (size_t i = 0; i < config->nroutes; i++) {
+		const struct route *r = &config->routes[i];
+
+		if (r->host && !r->host_parts.is_v6) {
+			config->host_routes[named].name = r->host_parts.name;
+			config->host_routes[named].namelen = r->host_parts.namelen;
+			config->host_routes[named++].route = i;
+		} else
+			config->hostless_routes[any++] = i;
+	}
+	qsort(config->host_routes, named, sizeof(*config->host_routes),
+	    host_route_order);
+	config->nhost_routes = named;
+	config->nhostless_routes = any;
+}
+
 void
 policy_prepare(struct config *config)
 {
@@ -569,6 +671,7 @@ policy_prepare(struct config *config)
 		if (!policy_route_keys_by_ip_alone(r))
 			override_index_build(r, 0, &r->by_value, &r->nby_value);
 	}
+	prepare_route_index(config);
 }
 
 int

@@ -46,6 +46,8 @@ int policy_host_covers(const char *a, const char *b);
 /* Does r's match.methods list method (GET takes HEAD with it)? r must
  * list some. */
 int policy_route_takes_method(const struct route *r, const char *method);
+/* The first route, in file order, that takes the request, or NULL; the
+ * config prepared (policy_prepare indexes its routes by host). */
 const struct route *policy_match(const struct config *config,
     const struct check_input *in);
 
@@ -74,8 +76,8 @@ int policy_route_mixes_ip(const struct route *route);
 /* Derives what the checks of a loaded policy would otherwise work out on
  * every request: which routes mix the IP with values, the canonical form
  * of their override keys that are addresses, and the sorted indexes
- * policy_limits searches. Once, before use: policy_limits refuses a route
- * it has not prepared. */
+ * policy_limits, policy_match and the client IP search. Once, before use:
+ * policy_limits refuses a route it has not prepared. */
 void policy_prepare(struct config *config);
 
 /* The limits that apply to this client (an override's, or the route's);

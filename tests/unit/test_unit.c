@@ -79,6 +79,13 @@ load_errors(const char *text, struct config_errors *errors)
 	return errors->n;
 }
 
+/* The next of a fixed sequence (a 64-bit LCG): random cases that replay. */
+static void
+next_seed(unsigned long long *seed)
+{
+	*seed = *seed * 6364136223846793005ULL + 1442695040888963407ULL;
+}
+
 /* Loads text expecting success, ready for policy_match; NULL, a failed
  * CHECK, when it does not load. */
 static struct config *
@@ -675,6 +682,96 @@ test_methods(void)
 	config_unref(c);
 }
 
+/* policy_match looks only at the routes of the request's host name and
+ * those of any host: it picks what trying every route in order picks.
+ * Random policies against each route loaded alone, and tried as it is. */
+static void
+test_route_host_index(void)
+{
+	static const char *const paths[] = {
+		"", "path: /a/x, ", "prefix: /a/, ", "prefix: /, ", "regex: '^/b/', ",
+	};
+	static const char *const methods[] = { "", "methods: [GET], ", "methods: [POST], " };
+	static const char *const hosts[] = {
+		NULL, "a.example.com", "A.Example.com", "a.example.com:8080",
+		"b.example.com", "b.example.com.", "\"[::1]\"", "\"::1\"",
+		"10.0.0.1", "a.example.co", "a.example.comm",
+	};
+	static const char *const req_paths[] = { "/a/x", "/a/y", "/b/x", "/c" };
+	static const char *const req_methods[] = { "GET", "post", "HEAD", "PUT" };
+	static const char *const req_hosts[] = {
+		NULL, "", "a.example.com", "A.EXAMPLE.COM", "a.example.com:8080",
+		"a.example.com:08080", "a.example.com:80", "a.example.com.",
+		"b.example.com", "B.example.com.:1", "[::1]", "[0:0::1]:8080",
+		"::1", "10.0.0.1", "10.0.0.1:8080", "c.example.com",
+		" a.example.com , b.example.com", "a.example.co", "a.example.comm",
+	};
+	unsigned long long seed = 0x2545f4914f6cdd1dULL;
+	size_t nh = sizeof(hosts) / sizeof(hosts[0]);
+
+	for (int t = 0; t < 40; t++) {
+		enum { NROUTES = 24 };
+		struct config *whole, *alone[NROUTES];
+		static char text[256 * NROUTES + 16];
+		char one[512], alone_text[600];
+		int loaded = 1;
+
+		strcpy(text, "routes:\n");
+		for (int i = 0; i < NROUTES; i++) {
+			const char *host;
+			char match[256];
+
+			next_seed(&seed);
+			host = hosts[(seed >> 33) % nh];
+			snprintf(match, sizeof(match), "%s%s%s%s", paths[(seed >> 20) % 5],
+			    methods[(seed >> 13) % 3], host ? "host: " : "", host ? host : "");
+			/* a match with nothing in it is written out as {} */
+			if (match[0] && match[strlen(match) - 2] == ',')
+				match[strlen(match) - 2] = '\0';
+			snprintf(one, sizeof(one), "  - name: r%d\n"
+			    "    match: { %s }\n"
+			    "    limits: [{ algorithm: fixed_window, limit: 5, window: 1m }]\n",
+			    i, match);
+			strcat(text, one);
+			snprintf(alone_text, sizeof(alone_text), "routes:\n%s", one);
+			alone[i] = load_prepared(alone_text);
+			loaded &= alone[i] != NULL;
+			/* tried as it stands, not looked up by its host name */
+			if (alone[i] != NULL && alone[i]->nhost_routes == 1) {
+				alone[i]->nhost_routes = 0;
+				alone[i]->hostless_routes[0] = 0;
+				alone[i]->nhostless_routes = 1;
+			}
+		}
+		whole = load_prepared(text);
+		for (size_t p = 0; loaded && whole && p < 4; p++)
+			for (size_t m = 0; m < 4; m++)
+				for (size_t hi = 0; hi < sizeof(req_hosts) / sizeof(req_hosts[0]); hi++) {
+					struct check_input in = { req_methods[m], req_paths[p],
+					    NULL, req_hosts[hi], "203.0.113.7", NULL, NULL };
+					const struct route *got = policy_match(whole, &in);
+					int want = -1;
+
+					for (int i = 0; want < 0 && i < NROUTES; i++)
+						if (policy_match(alone[i], &in) != NULL)
+							want = i;
+					if ((want < 0 && got != NULL) || (want >= 0 &&
+					    (got == NULL || got != &whole->routes[want]))) {
+						fprintf(stderr, "    policy %d, %s %s host %s: got %s, "
+						    "want r%d\n%s", t, req_methods[m], req_paths[p],
+						    req_hosts[hi] ? req_hosts[hi] : "(none)",
+						    got ? got->name : "none", want, text);
+						CHECK(0);
+						p = 4, m = 4;
+						break;
+					}
+				}
+		for (int i = 0; i < NROUTES; i++)
+			config_unref(alone[i]);
+		config_unref(whole);
+	}
+}
+
 /* What a route's regex is refused for, and what compiling it costs. */
 static void
 test_rxcheck(void)
@@ -726,13 +823,6 @@ test_rxcheck(void)
 			CHECK(0);
 		}
 	}
-}
-
-/* The next of a fixed sequence (a 64-bit LCG): random cases that replay. */
-static void
-next_seed(unsigned long long *seed)
-{
-	*seed = *seed * 6364136223846793005ULL + 1442695040888963407ULL;
 }
 
 /* What a regex's paths start with (anchored), and hold somewhere: plain
@@ -1585,6 +1675,7 @@ static const struct {
 	{ "absolute-form authority, host covers", test_authority_and_host_cover },
 	{ "routes and keys", test_routes_and_keys },
 	{ "methods: HEAD with GET", test_methods },
+	{ "routes by host, in file order", test_route_host_index },
 	{ "regex vetting", test_rxcheck },
 	{ "regex leads", test_rxcheck_lead },
 	{ "regex leads never skip a match", test_rxcheck_lead_never_skips },
