@@ -27,6 +27,7 @@
 #include "denycache.h"
 #include "fmt.h"
 #include "http.h"
+#include "jsonout.h"
 #include "limiter.h"
 #include "log.h"
 #include "logheld.h"
@@ -70,7 +71,10 @@ struct check {
 	const struct limit_set	*ck_set;
 	long long		 ck_cost;
 	int			 ck_json;	/* /v1/check: reply with a body */
-	json_t			*ck_json_key;	/* JSON replies only: see check_run */
+	/* The client key as the JSON reply writes it, quoted; empty until
+	 * check_run finds one (JSON replies only) */
+	struct jsonout		 ck_json_key;
+	char			 ck_json_key_first[128];
 	char			 ck_client[LIMITER_CLIENT_MAX];
 	struct event		*ck_timer;
 	struct store_call	 ck_call;
@@ -111,7 +115,8 @@ check_get(struct worker *w, struct http_request *req, int json)
 	ck->ck_cost = 1;
 	ck->ck_route = NULL;
 	ck->ck_set = NULL;
-	ck->ck_json_key = NULL;
+	jsonout_init(&ck->ck_json_key, ck->ck_json_key_first,
+	    sizeof(ck->ck_json_key_first));
 	ck->ck_client[0] = '\0';
 	ck->ck_retried = 0;
 	ck->ck_abandoned = 0;
@@ -183,29 +188,54 @@ add_rate_headers(struct http_request *req, const struct limiter_headers *h)
 
 /* A new reference to the check's key for a JSON reply; null when the
  * request had none (a route's missing_key: allow). */
-static json_t *
-key_json(const struct check *ck)
+/* "key": the client key, or null when the check has none */
+static void
+json_key(struct jsonout *o, const struct check *ck)
 {
-	return ck->ck_json_key ? json_incref(ck->ck_json_key) : json_null();
+	jsonout_raw(o, ",\"key\":");
+	if (ck->ck_json_key.len)
+		jsonout_rawn(o, ck->ck_json_key.buf, ck->ck_json_key.len);
+	else
+		jsonout_raw(o, "null");
 }
 
-static json_t *
-verdict_json(const struct check *ck, int allowed, int degraded)
+/* "route": its name, or null */
+static void
+json_route(struct jsonout *o, const struct route *route)
+{
+	jsonout_raw(o, "\"route\":");
+	if (route == NULL || jsonout_string(o, route->name, strlen(route->name)) == -1)
+		jsonout_raw(o, "null");
+}
+
+static void
+json_field_ll(struct jsonout *o, const char *name, long long v)
+{
+	jsonout_raw(o, name);
+	jsonout_ll(o, v);
+}
+
+/* Replies with the JSON in o and its last bytes, tail. */
+static void
+reply_json(struct http_request *req, int status, struct jsonout *o,
+    const char *tail)
+{
+	jsonout_raw(o, tail);
+	request_reply(req, status, "application/json", o->buf, o->len);
+}
+
+/* /v1/check's verdict (SPEC 4.2), in jansson's compact form as before */
+static void
+verdict_json(struct jsonout *o, const struct check *ck, int allowed, int degraded)
 {
 	const struct limit_set *set = ck->ck_set;
 	const struct verdict *v = &ck->ck_verdict;
-	json_t *o, *limits = json_array();
 	long long headline_remaining = -1, headline_reset = 0, headline_limit = 0;
+	long long retry = 0;
 
 	for (size_t i = 0; set && i < set->nlimits; i++) {
 		const struct limit *l = &set->limits[i];
 
-		json_array_append_new(limits, json_pack("{s:s,s:s,s:I,s:I,s:I,s:b}",
-		    "name", l->name, "algorithm", config_algorithm_name(l->algorithm),
-		    "limit", (json_int_t)l->quota,
-		    "remaining", (json_int_t)(degraded ? -1 : v->r[i].remaining),
-		    "reset", (json_int_t)(degraded ? 0 : limiter_ms_to_s(v->r[i].reset_ms)),
-		    "allowed", degraded ? allowed : v->r[i].allowed));
 		if (!degraded && i == v->headline) {
 			headline_remaining = v->r[i].remaining;
 			headline_reset = limiter_ms_to_s(v->r[i].reset_ms);
@@ -214,15 +244,40 @@ verdict_json(const struct check *ck, int allowed, int degraded)
 		if (degraded && (headline_limit == 0 || l->quota < headline_limit))
 			headline_limit = l->quota;
 	}
-	o = json_pack("{s:b,s:s,s:o,s:I,s:I,s:I,s:I,s:b,s:o}",
-	    "allowed", allowed, "route", ck->ck_route->name, "key", key_json(ck),
-	    "limit", (json_int_t)headline_limit,
-	    "remaining", (json_int_t)headline_remaining,
-	    "reset", (json_int_t)headline_reset,
-	    "retry_after", (json_int_t)(!degraded && !v->allowed ?
-		(limiter_ms_to_s(v->retry_ms) < 1 ? 1 : limiter_ms_to_s(v->retry_ms)) : 0),
-	    "degraded", degraded, "limits", limits);
-	return o;
+	if (!degraded && !v->allowed) {
+		retry = limiter_ms_to_s(v->retry_ms);
+		if (retry < 1)
+			retry = 1;
+	}
+	jsonout_raw(o, "{\"allowed\":");
+	jsonout_bool(o, allowed);
+	jsonout_raw(o, ",");
+	json_route(o, ck->ck_route);
+	json_key(o, ck);
+	json_field_ll(o, ",\"limit\":", headline_limit);
+	json_field_ll(o, ",\"remaining\":", headline_remaining);
+	json_field_ll(o, ",\"reset\":", headline_reset);
+	json_field_ll(o, ",\"retry_after\":", retry);
+	jsonout_raw(o, ",\"degraded\":");
+	jsonout_bool(o, degraded);
+	jsonout_raw(o, ",\"limits\":[");
+	for (size_t i = 0; set && i < set->nlimits; i++) {
+		const struct limit *l = &set->limits[i];
+		const char *algorithm = config_algorithm_name(l->algorithm);
+
+		jsonout_raw(o, i ? ",{\"name\":" : "{\"name\":");
+		jsonout_string(o, l->name, strlen(l->name));
+		jsonout_raw(o, ",\"algorithm\":");
+		jsonout_string(o, algorithm, strlen(algorithm));
+		json_field_ll(o, ",\"limit\":", l->quota);
+		json_field_ll(o, ",\"remaining\":", degraded ? -1 : v->r[i].remaining);
+		json_field_ll(o, ",\"reset\":",
+		    degraded ? 0 : limiter_ms_to_s(v->r[i].reset_ms));
+		jsonout_raw(o, ",\"allowed\":");
+		jsonout_bool(o, degraded ? allowed : v->r[i].allowed);
+		jsonout_raw(o, "}");
+	}
+	jsonout_raw(o, "]}");
 }
 
 static void
@@ -248,7 +303,10 @@ check_finish(struct check *ck, enum check_outcome outcome)
 	enum check_result result = RESULT_ALLOWED;
 	int status = 200, allowed = 1;
 	long long took;
+	struct jsonout reply;	/* a reply's, when it has one */
+	char reply_first[1024];
 
+	jsonout_init(&reply, reply_first, sizeof(reply_first));
 	event_del(ck->ck_timer);
 	/* Not sent yet (a drain): it never will be, and it points into the
 	 * policy released below. */
@@ -257,17 +315,21 @@ check_finish(struct check *ck, enum check_outcome outcome)
 	switch (outcome) {
 	case OUTCOME_NO_ROUTE:
 		result = RESULT_NO_ROUTE;
-		if (ck->ck_json)
-			http_reply_json(req, 200, json_pack("{s:b,s:n}", "allowed", 1, "route"));
-		else
+		if (ck->ck_json) {
+			jsonout_raw(&reply, "{\"allowed\":true,");
+			json_route(&reply, NULL);
+			reply_json(req, 200, &reply, "}");
+		} else
 			request_reply(req, 200, NULL, NULL, 0);
 		break;
 	case OUTCOME_UNLIMITED:
-		if (ck->ck_json)
-			http_reply_json(req, 200, json_pack("{s:b,s:s,s:o,s:b,s:b,s:[]}",
-			    "allowed", 1, "route", route->name, "key", key_json(ck),
-			    "unlimited", 1, "degraded", 0, "limits"));
-		else
+		if (ck->ck_json) {
+			jsonout_raw(&reply, "{\"allowed\":true,");
+			json_route(&reply, route);
+			json_key(&reply, ck);
+			reply_json(req, 200, &reply, ",\"unlimited\":true,"
+			    "\"degraded\":false,\"limits\":[]}");
+		} else
 			request_reply(req, 200, NULL, NULL, 0);
 		break;
 	case OUTCOME_MISSING_KEY:
@@ -278,14 +340,17 @@ check_finish(struct check *ck, enum check_outcome outcome)
 		status = route->shadow ? 200 : 403;
 		allowed = route->shadow;
 		/* /check's body, plus the verdict a JSON client reads first. */
-		if (ck->ck_json)
-			http_reply_json(req, status, json_pack("{s:b,s:s,s:s}",
-			    "allowed", allowed, "error", "missing_key", "route",
-			    route->name));
-		else if (!allowed)
-			http_reply_json(req, status, json_pack("{s:s,s:s}", "error",
-			    "missing_key", "route", route->name));
-		else
+		if (ck->ck_json || !allowed) {
+			jsonout_raw(&reply, "{");
+			if (ck->ck_json) {
+				jsonout_raw(&reply, "\"allowed\":");
+				jsonout_bool(&reply, allowed);
+				jsonout_raw(&reply, ",");
+			}
+			jsonout_raw(&reply, "\"error\":\"missing_key\",");
+			json_route(&reply, route);
+			reply_json(req, status, &reply, "}");
+		} else
 			request_reply(req, status, NULL, NULL, 0);
 		break;
 	case OUTCOME_DEGRADED:
@@ -299,12 +364,14 @@ check_finish(struct check *ck, enum check_outcome outcome)
 			allowed = route->shadow;
 		} else
 			result = RESULT_FAILED_OPEN;
-		if (ck->ck_json)
-			http_reply_json(req, status, verdict_json(ck, allowed, 1));
-		else if (status == 503)
-			http_reply_json(req, 503, json_pack("{s:s,s:s}", "error",
-			    "rate_limiter_unavailable", "route", route->name));
-		else
+		if (ck->ck_json) {
+			verdict_json(&reply, ck, allowed, 1);
+			reply_json(req, status, &reply, "");
+		} else if (status == 503) {
+			jsonout_raw(&reply, "{\"error\":\"rate_limiter_unavailable\",");
+			json_route(&reply, route);
+			reply_json(req, 503, &reply, "}");
+		} else
 			request_reply(req, status, NULL, NULL, 0);
 		break;
 	case OUTCOME_VERDICT: {
@@ -327,9 +394,10 @@ check_finish(struct check *ck, enum check_outcome outcome)
 		if (route->shadow)
 			h.retry_after[0] = '\0';	/* the request passes */
 		add_rate_headers(req, &h);
-		if (ck->ck_json)
-			http_reply_json(req, status, verdict_json(ck, allowed, 0));
-		else if (!allowed) {
+		if (ck->ck_json) {
+			verdict_json(&reply, ck, allowed, 0);
+			reply_json(req, status, &reply, "");
+		} else if (!allowed) {
 			/* The hot denial path: no JSON library and no printf;
 			 * route names are [A-Za-z0-9_.-], at most 64 bytes, so
 			 * nothing needs escaping and it always fits. */
@@ -359,8 +427,8 @@ check_finish(struct check *ck, enum check_outcome outcome)
 
 	ck->ck_phase = CHECK_DONE;
 	ck->ck_req = NULL;
-	json_decref(ck->ck_json_key);
-	ck->ck_json_key = NULL;
+	jsonout_free(&reply);
+	jsonout_free(&ck->ck_json_key);
 	config_unref(ck->ck_config);
 	ck->ck_config = NULL;
 	LIST_REMOVE(ck, ck_entry);		/* off the active list */
@@ -577,9 +645,10 @@ check_run(struct check *ck, const char *key, size_t keylen, int kind)
 	/* The key as the client sent it, when JSON can carry it: a query value
 	 * decodes to any bytes ("k=%FF"), and one that is not UTF-8 is shown
 	 * as in its Redis key and the log, percent-encoded. */
-	if (ck->ck_json && ck->ck_json_key == NULL &&
-	    (ck->ck_json_key = json_stringn(key, keylen)) == NULL)
-		ck->ck_json_key = json_string(ck->ck_client);
+	if (ck->ck_json && ck->ck_json_key.len == 0 &&
+	    jsonout_string(&ck->ck_json_key, key, keylen) == -1)
+		jsonout_string(&ck->ck_json_key, ck->ck_client,
+		    strlen(ck->ck_client));
 	if (ck->ck_set == NULL)
 		ck->ck_set = policy_limits(ck->ck_route, key, keylen,
 		    kind == POLICY_KEY_IP);

@@ -15,12 +15,14 @@
 #include <sys/socket.h>
 
 #include <hiredis/hiredis.h>
+#include <jansson.h>
 
 #include "chunked.h"
 #include "config.h"
 #include "denycache.h"
 #include "duration.h"
 #include "fmt.h"
+#include "jsonout.h"
 #include "limiter.h"
 #include "policy.h"
 #include "rxcheck.h"
@@ -1446,6 +1448,90 @@ test_verdict_and_headers(void)
 	}
 }
 
+/* Does jsonout_string write in[0..len) as jansson does, or refuse it as
+ * jansson does? *valid: it was UTF-8. */
+static int
+json_string_as_jansson(const unsigned char *in, size_t len, int *valid)
+{
+	json_t *ref = json_stringn((const char *)in, len);
+	char *want = ref ? json_dumps(ref, JSON_ENCODE_ANY | JSON_COMPACT |
+	    JSON_ENSURE_ASCII) : NULL;
+	char first[8];		/* small: the text moves to the heap */
+	struct jsonout o;
+	int rc, same;
+
+	jsonout_init(&o, first, sizeof(first));
+	jsonout_raw(&o, "x");
+	rc = jsonout_string(&o, (const char *)in, len);
+	same = ref == NULL ? rc == -1 && o.len == 1 :
+	    rc == 0 && want && o.len == 1 + strlen(want) &&
+	    memcmp(o.buf + 1, want, o.len - 1) == 0;
+	if (!same) {
+		fprintf(stderr, "    ");
+		for (size_t i = 0; i < len; i++)
+			fprintf(stderr, "%02x", in[i]);
+		fprintf(stderr, ": jansson %s, jsonout %.*s\n",
+		    want ? want : "refuses", (int)o.len, o.buf);
+	}
+	*valid = ref != NULL;
+	free(want);
+	json_decref(ref);
+	jsonout_free(&o);
+	return same;
+}
+
+/* jsonout_string writes what jansson writes, and refuses what it does:
+ * UTF-8's edges, and random bytes, most of them near those edges, with
+ * json_stringn and json_dumps as the reference. */
+static void
+test_json_strings(void)
+{
+	static const char *const cases[] = {
+		"\xf4\x8f\xbf\xbf", "\xf4\x90\x80\x80", "\xed\x9f\xbf", "\xed\xa0\x80",
+		"\xed\xbf\xbf", "\xee\x80\x80", "\xe0\x9f\xbf", "\xe0\xa0\x80",
+		"\xf0\x8f\xbf\xbf", "\xf0\x90\x80\x80", "\xc1\xbf", "\xc2\x80",
+		"\xe2\x82", "\xe2\x82\xac", "\xf8\x88\x80\x80\x80", "\x7f", "/",
+	};
+	static const unsigned char edges[] = {
+		0x00, 0x01, 0x08, 0x09, 0x0a, 0x0c, 0x0d, 0x1f, 0x20, '"', '\\', '/',
+		'a', 0x7e, 0x7f, 0x80, 0x8f, 0x90, 0x9f, 0xa0, 0xbf, 0xc0, 0xc1,
+		0xc2, 0xdf, 0xe0, 0xed, 0xef, 0xf0, 0xf4, 0xf5, 0xff,
+	};
+	unsigned long long seed = 0x853c49e6748fea9bULL;
+	unsigned nvalid = 0;
+	int valid;
+	char first[8];
+	struct jsonout o;
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		CHECK(json_string_as_jansson((const unsigned char *)cases[i],
+		    strlen(cases[i]), &valid));
+	for (int t = 0; t < 20000; t++) {
+		unsigned char in[12];
+		size_t len;
+
+		next_seed(&seed);
+		len = (size_t)(seed >> 60) % 12;
+		for (size_t i = 0; i < len; i++) {
+			next_seed(&seed);
+			in[i] = (seed >> 40) & 1 ? edges[(seed >> 33) % sizeof(edges)] :
+			    (unsigned char)(seed >> 50);
+		}
+		if (!json_string_as_jansson(in, len, &valid)) {
+			CHECK(0);
+			break;
+		}
+		nvalid += valid;
+	}
+	CHECK(nvalid > 2000 && nvalid < 18000);	/* both kinds were tried */
+	jsonout_init(&o, first, sizeof(first));
+	jsonout_ll(&o, LLONG_MIN);
+	jsonout_raw(&o, ",");
+	jsonout_bool(&o, 1);
+	CHECK(o.len == 25 && memcmp(o.buf, "-9223372036854775808,true", 25) == 0);
+	jsonout_free(&o);
+}
+
 static void
 test_formatting(void)
 {
@@ -1684,6 +1770,7 @@ static const struct {
 	{ "trusted proxies lookup", test_trusted_proxies_lookup },
 	{ "redis keys and command", test_encode_and_build },
 	{ "verdict and headers", test_verdict_and_headers },
+	{ "JSON strings as jansson writes them", test_json_strings },
 	{ "numbers and dates", test_formatting },
 	{ "deny cache", test_denycache },
 	{ "chunked bodies", test_chunked },
