@@ -300,6 +300,34 @@ limiter_ms_to_s(long long ms)
 	return ms <= 0 ? 0 : ms / 1000 + (ms % 1000 != 0);
 }
 
+/* Appends one IETF list item, `"name";k=x;k=y` (", " first when it is
+ * not the first), at *o: at most LIMITER_IETF_ITEM_MAX bytes, and the
+ * field has room for one per limit. Without printf: with ietf_headers,
+ * every check writes two of these per limit. */
+static void
+ietf_item(char *out, size_t *o, size_t i, const char *name, const char *kx,
+    long long x, const char *ky, long long y)
+{
+	char *p = out + *o;
+	size_t nl = strnlen(name, CONFIG_NAME_MAX);	/* the loader's bound */
+
+	if (i > 0) {
+		memcpy(p, ", ", 2);
+		p += 2;
+	}
+	*p++ = '"';
+	memcpy(p, name, nl);
+	p += nl;
+	*p++ = '"';
+	memcpy(p, kx, 3);
+	p += 3;
+	p += fmt_ll(p, x);
+	memcpy(p, ky, 3);
+	p += 3;
+	p += fmt_ll(p, y);	/* and the NUL */
+	*o = (size_t)(p - out);
+}
+
 /* RateLimit-Policy: what the limits are, known without Redis. */
 static void
 format_policy(const struct limit_set *set, struct limiter_headers *h)
@@ -307,15 +335,10 @@ format_policy(const struct limit_set *set, struct limiter_headers *h)
 	size_t po = 0;
 
 	h->policy[0] = '\0';
-	for (size_t i = 0; i < set->nlimits; i++) {
-		const struct limit *l = &set->limits[i];
-		int n = snprintf(h->policy + po, sizeof(h->policy) - po,
-		    "%s\"%s\";q=%lld;w=%lld", i ? ", " : "", l->name,
-		    l->quota, config_limit_window_seconds(l));
-
-		if (n > 0 && (size_t)n < sizeof(h->policy) - po)
-			po += (size_t)n;
-	}
+	for (size_t i = 0; i < set->nlimits; i++)
+		ietf_item(h->policy, &po, i, set->limits[i].name, ";q=",
+		    set->limits[i].quota, ";w=",
+		    config_limit_window_seconds(&set->limits[i]));
 }
 
 void
@@ -338,16 +361,10 @@ limiter_format(const struct limit_set *set, const struct verdict *v, int ietf,
 		size_t ro = 0;
 
 		format_policy(set, h);
-		for (size_t i = 0; i < v->n; i++) {
-			const struct limit *l = &set->limits[i];
-			int n;
-
-			n = snprintf(h->ratelimit + ro, sizeof(h->ratelimit) - ro,
-			    "%s\"%s\";r=%lld;t=%lld", i ? ", " : "", l->name,
-			    v->r[i].remaining, limiter_ms_to_s(v->r[i].reset_ms));
-			if (n > 0 && (size_t)n < sizeof(h->ratelimit) - ro)
-				ro += (size_t)n;
-		}
+		for (size_t i = 0; i < v->n; i++)
+			ietf_item(h->ratelimit, &ro, i, set->limits[i].name, ";r=",
+			    v->r[i].remaining, ";t=",
+			    limiter_ms_to_s(v->r[i].reset_ms));
 	}
 }
 
@@ -362,8 +379,8 @@ limiter_format_degraded(const struct limit_set *set, int ietf,
 	for (size_t i = 1; i < set->nlimits; i++)
 		if (set->limits[i].quota < quota)
 			quota = set->limits[i].quota;
-	snprintf(h->limit, sizeof(h->limit), "%lld", quota);
-	snprintf(h->remaining, sizeof(h->remaining), "-1");
+	fmt_ll(h->limit, quota);
+	fmt_ll(h->remaining, -1);
 	h->reset[0] = h->retry_after[0] = h->policy[0] = h->ratelimit[0] = '\0';
 	if (ietf)
 		format_policy(set, h);
