@@ -186,9 +186,8 @@ add_rate_headers(struct http_request *req, const struct limiter_headers *h)
 	add_header(req, "RateLimit", h->ratelimit);
 }
 
-/* A new reference to the check's key for a JSON reply; null when the
- * request had none (a route's missing_key: allow). */
-/* "key": the client key, or null when the check has none */
+/* ,"key": the client key, or null when the request had none (a route's
+ * missing_key: allow) */
 static void
 json_key(struct jsonout *o, const struct check *ck)
 {

@@ -1,3 +1,4 @@
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +34,10 @@ reserve(struct jsonout *o, size_t n)
 
 	if (o->len + n <= o->cap)
 		return;
+	/* a reply is bounded by the request's 64 KiB many times over; past
+	 * this, doubling would wrap */
+	if (n > SIZE_MAX / 4 - o->len)
+		abort();
 	while (cap < o->len + n)
 		cap *= 2;
 	if (o->heap)
@@ -120,26 +125,41 @@ put_u(char *out, unsigned long u)
 	out[5] = hex[u & 0xf];
 }
 
+/* What a code point takes in the output */
+static size_t
+escaped_len(unsigned long cp)
+{
+	if (cp >= 0x20 && cp != '"' && cp != '\\' && cp <= 0x7f)
+		return 1;	/* DEL too: jansson leaves it as it is */
+	if (cp == '"' || cp == '\\' || cp == '\b' || cp == '\f' ||
+	    cp == '\n' || cp == '\r' || cp == '\t')
+		return 2;
+	return cp < 0x10000 ? 6 : 12;
+}
+
 int
 jsonout_string(struct jsonout *o, const char *s, size_t len)
 {
 	const unsigned char *p = (const unsigned char *)s;
-	size_t start = o->len;
+	size_t need = 2;
+	unsigned long cp;
 
-	/* at most 12 bytes out for each byte in (\u00XX), and the quotes */
-	reserve(o, len * 6 + 2);
+	/* Measured first, so that a string that is not UTF-8 leaves o as it
+	 * was, and the buffer grows only by what is written: a reservation
+	 * for the worst case (6 bytes a byte) moved a 22-byte key's buffer
+	 * to the heap. */
+	for (size_t i = 0, n; i < len; i += n) {
+		if ((n = utf8_next(p + i, len - i, &cp)) == 0)
+			return -1;
+		need += escaped_len(cp);
+	}
+	reserve(o, need);
 	o->buf[o->len++] = '"';
-	for (size_t i = 0; i < len; ) {
-		unsigned long cp;
-		size_t n = utf8_next(p + i, len - i, &cp);
+	for (size_t i = 0, n; i < len; i += n) {
 		char *out = o->buf + o->len;
 
-		if (n == 0) {
-			o->len = start;
-			return -1;
-		}
-		i += n;
-		if (cp >= 0x20 && cp < 0x7f && cp != '"' && cp != '\\') {
+		n = utf8_next(p + i, len - i, &cp);
+		if (escaped_len(cp) == 1) {
 			*out = (char)cp;
 			o->len++;
 			continue;
@@ -153,10 +173,6 @@ jsonout_string(struct jsonout *o, const char *s, size_t len)
 		case '\n': out[1] = 'n'; break;
 		case '\r': out[1] = 'r'; break;
 		case '\t': out[1] = 't'; break;
-		case 0x7f:	/* jansson leaves DEL as it is */
-			out[0] = 0x7f;
-			o->len++;
-			continue;
 		default:
 			if (cp < 0x10000) {
 				put_u(out, cp);

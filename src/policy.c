@@ -287,19 +287,20 @@ route_takes(const struct route *r, const struct check_input *in,
 	return 1;
 }
 
-/* A route's host name against a request's, as host_matches compares
- * names (but for case), in the order config->host_routes is sorted in */
+/* Host names as host_matches compares them, alike but for ASCII case
+ * (strncasecmp in the C locale), in an order for config->host_routes:
+ * shorter first, then by their lower-case bytes. */
 static int
-host_name_cmp(const struct host_route *hr, const char *name, size_t len)
+host_name_cmp(const char *a, size_t alen, const char *b, size_t blen)
 {
-	if (hr->namelen != len)
-		return hr->namelen < len ? -1 : 1;
-	for (size_t i = 0; i < len; i++) {
-		int a = (unsigned char)hr->name[i];
-		int b = tolower((unsigned char)name[i]);
+	if (alen != blen)
+		return alen < blen ? -1 : 1;
+	for (size_t i = 0; i < alen; i++) {
+		int x = tolower((unsigned char)a[i]);
+		int y = tolower((unsigned char)b[i]);
 
-		if (a != b)
-			return a < b ? -1 : 1;
+		if (x != y)
+			return x < y ? -1 : 1;
 	}
 	return 0;
 }
@@ -313,7 +314,8 @@ host_routes_bound(const struct config *config, const char *name, size_t len,
 
 	while (lo < hi) {
 		size_t mid = lo + (hi - lo) / 2;
-		int c = host_name_cmp(&config->host_routes[mid], name, len);
+		const struct host_route *hr = &config->host_routes[mid];
+		int c = host_name_cmp(hr->name, hr->namelen, name, len);
 
 		if (c < 0 || (past && c == 0))
 			lo = mid + 1;
@@ -586,11 +588,9 @@ static int
 host_route_order(const void *a, const void *b)
 {
 	const struct host_route *x = a, *y = b;
-	int c;
+	int c = host_name_cmp(x->name, x->namelen, y->name, y->namelen);
 
-	if (x->namelen != y->namelen)
-		return x->namelen < y->namelen ? -1 : 1;
-	if ((c = memcmp(x->name, y->name, x->namelen)) != 0)
+	if (c != 0)
 		return c;
 	return (x->route > y->route) - (x->route < y->route);
 }

@@ -1524,6 +1524,18 @@ test_json_strings(void)
 		nvalid += valid;
 	}
 	CHECK(nvalid > 2000 && nvalid < 18000);	/* both kinds were tried */
+	{
+		/* a string takes what it needs, and one refused takes nothing */
+		char key[101], room[128];
+
+		memset(key, 'k', 100);
+		key[100] = '\0';
+		jsonout_init(&o, room, sizeof(room));
+		CHECK(jsonout_string(&o, key, 100) == 0 && o.len == 102 && !o.heap);
+		key[99] = (char)0xff;
+		CHECK(jsonout_string(&o, key, 100) == -1 && o.len == 102 && !o.heap);
+		jsonout_free(&o);
+	}
 	jsonout_init(&o, first, sizeof(first));
 	jsonout_ll(&o, LLONG_MIN);
 	jsonout_raw(&o, ",");
