@@ -565,10 +565,11 @@ check_on_reply(void *arg, const struct store_result *res)
 		check_finish(ck, OUTCOME_DEGRADED);
 		return;
 	}
-	if (!ck->ck_verdict.allowed)
-		denycache_put(w->w_denycache, ck->ck_config, ck->ck_route, ck->ck_set,
-		    ck->ck_client, ck->ck_cost, &ck->ck_verdict, ck->ck_sent_us,
-		    mono_us(), res->link);
+	if (!ck->ck_verdict.allowed &&
+	    denycache_put(w->w_denycache, ck->ck_config, ck->ck_route, ck->ck_set,
+	    ck->ck_client, ck->ck_cost, &ck->ck_verdict, ck->ck_sent_us,
+	    mono_us(), res->link))
+		metrics_deny_cache_eviction(w->w_metrics);
 	/* Held while draining too: a verdict that arrives after SIGTERM must
 	 * not pass ahead of the holds already waiting (all are released at
 	 * their turn, or at drain_timeout). A shadow route holds nothing: a
@@ -660,6 +661,7 @@ check_run(struct check *ck, const char *key, size_t keylen, int kind)
 	if (store_state(w->w_store) == STORE_UP &&
 	    denycache_get(w->w_denycache, ck->ck_config, ck->ck_route, ck->ck_client,
 	    ck->ck_cost, mono_us(), store_link(w->w_store), &ck->ck_verdict)) {
+		metrics_deny_cache_hit(w->w_metrics);
 		check_finish(ck, OUTCOME_VERDICT);
 		return;
 	}

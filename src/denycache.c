@@ -163,7 +163,7 @@ denycache_free(struct denycache *dc)
 	free(dc);
 }
 
-void
+int
 denycache_put(struct denycache *dc, const struct config *config,
     const struct route *route, const struct limit_set *set, const char *client,
     long long cost, const struct verdict *v, long long sent_us,
@@ -200,7 +200,7 @@ denycache_put(struct denycache *dc, const struct config *config,
 	if (until_us > now_us + DENYCACHE_MAX_US)
 		until_us = now_us + DENYCACHE_MAX_US;
 	if (until_us <= now_us)
-		return;
+		return 0;
 	hash128(dc, client, &h1, &h2);
 	idx = set_of(route, h1);
 	/* The client's own entry on this route, whatever its cost: one a
@@ -214,6 +214,7 @@ denycache_put(struct denycache *dc, const struct config *config,
 
 		if (t->h1 == h1 && o->h2 == h2 && o->route == route) {
 			way = w;
+			least = 0;	/* its own: nothing given up */
 			break;
 		}
 		if (w == 0 || serves < least) {
@@ -232,6 +233,7 @@ denycache_put(struct denycache *dc, const struct config *config,
 	e->stored_us = now_us;
 	e->retry_at_us = now_us + retry_ms * 1000;
 	e->v = *v;
+	return least > 0;
 }
 
 int

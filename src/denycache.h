@@ -24,8 +24,10 @@ void denycache_free(struct denycache *dc);
  * times at most LIMITER_MS_MAX). Times are CLOCK_MONOTONIC: sent_us
  * when the call was handed to Redis (Redis decided after it), now_us when
  * the reply arrived. link is the store_link() that answered (store_result).
+ * Returns 1 when it gave up another client's denial that still held (its
+ * set was full), else 0.
  */
-void denycache_put(struct denycache *dc, const struct config *config,
+int denycache_put(struct denycache *dc, const struct config *config,
     const struct route *route, const struct limit_set *set, const char *client,
     long long cost, const struct verdict *v, long long sent_us,
     long long now_us, unsigned long link);

@@ -43,6 +43,8 @@ struct metrics {
 	counter_t	 http_errors[NHTTP_ERRORS];
 	counter_t	 batch[NBATCH + 1];	/* last is +Inf */
 	counter_t	 batch_sum;
+	counter_t	 deny_cache_hits;
+	counter_t	 deny_cache_evictions;
 	atomic_int	 redis_state;
 	atomic_llong	 in_flight;
 };
@@ -355,6 +357,18 @@ metrics_redis_state_min(void)
 }
 
 void
+metrics_deny_cache_hit(struct metrics *m)
+{
+	atomic_fetch_add_explicit(&m->deny_cache_hits, 1, memory_order_relaxed);
+}
+
+void
+metrics_deny_cache_eviction(struct metrics *m)
+{
+	atomic_fetch_add_explicit(&m->deny_cache_evictions, 1, memory_order_relaxed);
+}
+
+void
 metrics_in_flight(struct metrics *m, int delta)
 {
 	atomic_store_explicit(&m->in_flight, atomic_load_explicit(&m->in_flight,
@@ -404,6 +418,7 @@ metrics_render(struct evbuffer *out)
 	char sum[32];
 	unsigned long long buckets[NBUCKETS + 1] = { 0 };
 	unsigned long long batch[NBATCH + 1] = { 0 }, batch_sum = 0;
+	unsigned long long deny_hits = 0, deny_evictions = 0;
 	long long in_flight = 0;
 	int least, nworkers = 0;
 	unsigned n = atomic_load(&metrics_nnames), nlimits;
@@ -474,6 +489,8 @@ metrics_render(struct evbuffer *out)
 		for (size_t b = 0; b <= NBATCH; b++)
 			batch[b] += load(&m->batch[b]);
 		batch_sum += load(&m->batch_sum);
+		deny_hits += load(&m->deny_cache_hits);
+		deny_evictions += load(&m->deny_cache_evictions);
 		in_flight += atomic_load_explicit(&m->in_flight, memory_order_relaxed);
 		nworkers++;
 	}
@@ -494,6 +511,16 @@ metrics_render(struct evbuffer *out)
 	render_histogram(out, "ratelimitd_redis_batch_size",
 	    "Checks carried by each script call sent to Redis.", batch_buckets,
 	    NBATCH, batch, sum);
+	evbuffer_add_printf(out,
+	    "# HELP ratelimitd_deny_cache_hits_total Checks answered from a "
+	    "worker's deny cache, with no Redis call.\n"
+	    "# TYPE ratelimitd_deny_cache_hits_total counter\n"
+	    "ratelimitd_deny_cache_hits_total %llu\n"
+	    "# HELP ratelimitd_deny_cache_evictions_total Denials a worker's deny "
+	    "cache gave up while they still held, for want of room.\n"
+	    "# TYPE ratelimitd_deny_cache_evictions_total counter\n"
+	    "ratelimitd_deny_cache_evictions_total %llu\n",
+	    deny_hits, deny_evictions);
 	evbuffer_add_printf(out,
 	    "# HELP ratelimitd_redis_connected 1 when every worker's Redis link is up.\n"
 	    "# TYPE ratelimitd_redis_connected gauge\n"

@@ -44,6 +44,10 @@ void metrics_redis_error(struct metrics *m, enum redis_error_kind kind);
 /* A request was answered with an HTTP error status instead of being served
  * (malformed, too large, an unknown path, a bad field). */
 void metrics_http_error(struct metrics *m, int status);
+/* A check was answered from the worker's deny cache, with no Redis call. */
+void metrics_deny_cache_hit(struct metrics *m);
+/* The deny cache gave up a denial that still held, its set full. */
+void metrics_deny_cache_eviction(struct metrics *m);
 /* A script call carrying `checks` checks was sent. */
 void metrics_redis_call(struct metrics *m, size_t checks);
 /* The worker's Redis link state, an enum store_state. */

@@ -15,6 +15,7 @@ by an audit with three daemons on one Redis:
     cached it, and was allowed everywhere else. Now an entry holds only
     over the connection it came from.
 """
+import re
 import time
 
 import pytest
@@ -41,6 +42,13 @@ def redis_us(rc):
 
 def script_calls(rc):
     return rc.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+
+
+def deny_cache_counts(d):
+    """ratelimitd_deny_cache_hits_total and _evictions_total."""
+    text = requests.get(d.url("/metrics"), timeout=5).text
+    return tuple(int(re.search(r"^ratelimitd_deny_cache_%s_total (\d+)$" % name, text,
+                               re.M).group(1)) for name in ("hits", "evictions"))
 
 
 def test_cached_denial_never_outlives_the_real_one(start_daemon, redis_server):
@@ -230,6 +238,7 @@ def test_a_hot_key_costs_no_redis_call_whatever_the_algorithm(start_daemon, redi
     first = check(d, path, headers={"X-Api-Key": "hot"})
     assert first.status_code == 429, first.text
     calls = script_calls(rc)
+    hits = deny_cache_counts(d)[0]
     for _ in range(20):
         r = check(d, path, headers={"X-Api-Key": "hot"})
         assert r.status_code == 429, r.text
@@ -238,6 +247,7 @@ def test_a_hot_key_costs_no_redis_call_whatever_the_algorithm(start_daemon, redi
         for h in ("X-RateLimit-Reset", "Retry-After"):
             assert 1 <= int(r.headers[h]) <= int(first.headers[h]), (h, r.headers, first.headers)
     assert script_calls(rc) == calls, "%d of 20 denials went to Redis" % (script_calls(rc) - calls)
+    assert deny_cache_counts(d) == (hits + 20, 0)    # said in /metrics, nothing given up
     # another client of the route is still asked of Redis
     assert check(d, path, headers={"X-Api-Key": "cold"}).status_code == 200
     assert script_calls(rc) == calls + 1
