@@ -25,7 +25,6 @@
 #include "clock.h"
 #include "config.h"
 #include "denycache.h"
-#include "fmt.h"
 #include "http.h"
 #include "jsonout.h"
 #include "limiter.h"
@@ -397,21 +396,12 @@ check_finish(struct check *ck, enum check_outcome outcome)
 			verdict_json(&reply, ck, allowed, 0);
 			reply_json(req, status, &reply, "");
 		} else if (!allowed) {
-			/* The hot denial path: no JSON library and no printf;
-			 * route names are [A-Za-z0-9_.-], at most 64 bytes, so
-			 * nothing needs escaping and it always fits. */
-			char body[160];
-			size_t n = 0;
-
-			fmt_cat(body, sizeof(body), &n, "{\"error\":\"rate_limited\","
-			    "\"route\":\"");
-			fmt_cat(body, sizeof(body), &n, route->name);
-			fmt_cat(body, sizeof(body), &n, "\",\"retry_after\":");
-			fmt_cat(body, sizeof(body), &n, h.retry_after);
-			fmt_cat(body, sizeof(body), &n, "}");
-			request_reply(req, status, "application/json", body, n);
-		}
-		else
+			jsonout_raw(&reply, "{\"error\":\"rate_limited\",");
+			json_route(&reply, route);
+			jsonout_raw(&reply, ",\"retry_after\":");
+			jsonout_raw(&reply, h.retry_after);
+			reply_json(req, status, &reply, "}");
+		} else
 			request_reply(req, status, NULL, NULL, 0);
 		break;
 	}

@@ -130,6 +130,15 @@ set_of(const struct route *route, uint64_t h1)
 	return (size_t)((h1 ^ (r >> 32)) & (DENYCACHE_SETS - 1));
 }
 
+/* Is way w of set idx this client's entry on this route (held or not)? */
+static int
+is_clients(const struct denycache *dc, size_t idx, size_t w, uint64_t h1,
+    uint64_t h2, const struct route *route)
+{
+	return dc->tags[idx][w].h1 == h1 && dc->slots[idx][w].h2 == h2 &&
+	    dc->slots[idx][w].route == route;
+}
+
 struct denycache *
 denycache_new(void)
 {
@@ -212,7 +221,7 @@ denycache_put(struct denycache *dc, const struct config *config,
 		long long serves = t->until_us <= now_us ||
 		    o->generation != config->generation ? 0 : t->until_us;
 
-		if (t->h1 == h1 && o->h2 == h2 && o->route == route) {
+		if (is_clients(dc, idx, w, h1, h2, route)) {
 			way = w;
 			least = 0;	/* its own: nothing given up */
 			break;
@@ -248,13 +257,10 @@ denycache_get(struct denycache *dc, const struct config *config,
 
 	hash128(dc, client, &h1, &h2);
 	idx = set_of(route, h1);
-	for (size_t w = 0; w < DENYCACHE_WAYS && e == NULL; w++) {
-		const struct deny_entry *o = &dc->slots[idx][w];
-
-		if (dc->tags[idx][w].h1 == h1 && dc->tags[idx][w].until_us > now_us &&
-		    o->h2 == h2 && o->route == route)
-			e = o;
-	}
+	for (size_t w = 0; w < DENYCACHE_WAYS && e == NULL; w++)
+		if (dc->tags[idx][w].until_us > now_us &&
+		    is_clients(dc, idx, w, h1, h2, route))
+			e = &dc->slots[idx][w];
 	if (e == NULL || e->generation != config->generation ||
 	    cost != e->cost || e->link != link)
 		return 0;

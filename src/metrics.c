@@ -359,13 +359,13 @@ metrics_redis_state_min(void)
 void
 metrics_deny_cache_hit(struct metrics *m)
 {
-	atomic_fetch_add_explicit(&m->deny_cache_hits, 1, memory_order_relaxed);
+	bump(&m->deny_cache_hits, 1);
 }
 
 void
 metrics_deny_cache_eviction(struct metrics *m)
 {
-	atomic_fetch_add_explicit(&m->deny_cache_evictions, 1, memory_order_relaxed);
+	bump(&m->deny_cache_evictions, 1);
 }
 
 void

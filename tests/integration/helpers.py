@@ -201,15 +201,21 @@ def checks_over(socks, keys):
             s.sendall(("GET /check HTTP/1.1\r\nHost: x\r\nX-Original-URI: /a\r\nK: %s\r\n\r\n"
                        % k).encode())
         for s in socks[:len(group)]:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += s.recv(65536)
-            head, _, body = data.partition(b"\r\n\r\n")
-            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
-            while len(body) < length:
-                body += s.recv(65536)
-            statuses.append(int(head.split(b" ", 2)[1]))
+            statuses.append(read_reply(s)[0])
     return statuses
+
+
+def read_reply(sock):
+    """(status, body) of the next reply on a keep-alive connection that
+    has sent nothing past it."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+    while len(body) < length:
+        body += sock.recv(65536)
+    return int(head.split(b" ", 2)[1]), body
 
 
 def read_until_close(sock):

@@ -27,7 +27,7 @@ from conftest import ROOT, Daemon, wait_until
 from helpers import avoid_hour_boundary  # noqa: F401  (autouse)
 from helpers import ONCE_POLICY as POL
 from helpers import RELEASE_BIN as RELEASE
-from helpers import checks_over
+from helpers import checks_over, read_reply
 
 
 
@@ -112,15 +112,9 @@ def json_checks_over(socks, keys):
             s.sendall(b"POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
                       % len(body) + body)
         for s in socks[:len(group)]:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += s.recv(65536)
-            head, _, body = data.partition(b"\r\n\r\n")
-            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
-            while len(body) < length:
-                body += s.recv(65536)
+            status, body = read_reply(s)
             assert body.startswith(b'{"allowed":true,"route":"q","key":"'), body
-            statuses.append(int(head.split(b" ", 2)[1]))
+            statuses.append(status)
     return statuses
 
 

@@ -1580,6 +1580,30 @@ cache_denial(struct denycache *dc, struct config *c, const struct route *route,
 	return denycache_put(dc, c, route, two, key, 1, v, sent_us, answered_us, 1);
 }
 
+/* Caches the denials of n clients ("prefix-0" on, 5 s to wait) answered
+ * at at_us, then looks each up a microsecond later: *hits found; returns
+ * how many puts said they gave up another denial that still held. */
+static unsigned
+cache_denials(struct denycache *dc, struct config *c, const struct route *route,
+    struct limit_set *two, const char *prefix, int n, long long at_us,
+    unsigned *hits)
+{
+	struct verdict v, out;
+	unsigned given_up = 0;
+	char key[32];
+
+	for (int i = 0; i < n; i++) {
+		snprintf(key, sizeof(key), "%s-%d", prefix, i);
+		given_up += cache_denial(dc, c, route, two, key, 5000, at_us, at_us, &v);
+	}
+	*hits = 0;
+	for (int i = 0; i < n; i++) {
+		snprintf(key, sizeof(key), "%s-%d", prefix, i);
+		*hits += denycache_get(dc, c, route, key, 1, at_us + 1, 1, &out);
+	}
+	return given_up;
+}
+
 /* Scans body whole, and again fed one byte more at a time (as reads may
  * bring it), and checks both agree; returns the result and *out the data. */
 static int
@@ -1768,33 +1792,12 @@ test_denycache(void)
 	{
 		static const uint64_t fixed[4] = { 1, 2, 3, 4 };
 		struct denycache *many = denycache_new_keyed(fixed);
-		char key[32];
-		unsigned hits = 0, given_up = 0;
+		unsigned given_up, hits;
 
-		for (int i = 0; i < 600; i++) {
-			snprintf(key, sizeof(key), "many-%d", i);
-			given_up += cache_denial(many, c, api, &two, key, 5000, 2000000,
-			    2000000, &v);
-		}
-		for (int i = 0; i < 600; i++) {
-			snprintf(key, sizeof(key), "many-%d", i);
-			hits += denycache_get(many, c, api, key, 1, 2000001, 1, &out);
-		}
+		given_up = cache_denials(many, c, api, &two, "many", 600, 2000000, &hits);
 		CHECK(hits >= 594 && given_up == 600 - hits);	/* each one said */
-		for (int i = 0; i < 3000; i++) {
-			snprintf(key, sizeof(key), "brief-%d", i);
-			cache_denial(many, c, api, &two, key, 5000, 2000000, 2000000, &v);
-		}
-		hits = given_up = 0;
-		for (int i = 0; i < 600; i++) {
-			snprintf(key, sizeof(key), "later-%d", i);
-			given_up += cache_denial(many, c, api, &two, key, 5000, 7000000,
-			    7000000, &v);
-		}
-		for (int i = 0; i < 600; i++) {
-			snprintf(key, sizeof(key), "later-%d", i);
-			hits += denycache_get(many, c, api, key, 1, 7000001, 1, &out);
-		}
+		cache_denials(many, c, api, &two, "brief", 3000, 2000000, &hits);
+		given_up = cache_denials(many, c, api, &two, "later", 600, 7000000, &hits);
 		/* the expired went first: only a later one gave way, if any */
 		CHECK(hits >= 594 && given_up == 600 - hits);
 		denycache_free(many);
