@@ -649,8 +649,9 @@ check_run(struct check *ck, const char *key, size_t keylen, int kind)
 	/* Only while the link it came from is up: with Redis gone, a check
 	 * gets the failure mode's answer like any other (SPEC 3.1). */
 	if (store_state(w->w_store) == STORE_UP &&
-	    denycache_get(w->w_denycache, ck->ck_config, ck->ck_route, ck->ck_client,
-	    ck->ck_cost, mono_us(), store_link(w->w_store), &ck->ck_verdict)) {
+	    denycache_get(w->w_denycache, ck->ck_config, ck->ck_route, ck->ck_set,
+	    ck->ck_client, ck->ck_cost, mono_us(), store_link(w->w_store),
+	    &ck->ck_verdict)) {
 		metrics_deny_cache_hit(w->w_metrics);
 		check_finish(ck, OUTCOME_VERDICT);
 		return;

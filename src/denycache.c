@@ -1,5 +1,5 @@
 /*
- * The deny cache: a direct-mapped table keyed by a 128-bit hash of the
+ * The deny cache: set-associative tables keyed by a 128-bit hash of the
  * encoded client key, checked against the policy generation and route, so a
  * reload or another route never reads a stale entry. An entry stays valid
  * until the latest retry time among the denying limits (no denial ends
@@ -15,6 +15,7 @@
  * operator deleting a key to let a client in), and Redis must then be asked.
  */
 #include <limits.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,11 +30,18 @@
 /* Sets of ways: a client's entry may sit in any way of its set, so up to
  * four clients whose keys land in one set keep their denials together.
  * With one way (1,024 slots), 300 clients over their limits shared slots
- * enough to send one check in 14 to Redis, and 1,000 one in 9.
- * Entries are ~700 bytes, each set's tags one cache line; the table's
- * 2.9 MB are touched only as denials fill it. */
-#define DENYCACHE_SETS	1024	/* power of two */
+ * enough to send one check in 14 to Redis, and 1,000 one in 9. */
 #define DENYCACHE_WAYS	4
+/* Two tables, by the number of limits a denial keeps (a route's, or a
+ * key override's): most have one to four, and an entry with room for
+ * sixteen is 2.7 times the size. With one table of 4,096 sixteen-limit
+ * entries (3.1 MB), past about 3,000 clients over their limits at once the
+ * rest went to Redis; now 16,384 entries (3.0 MB) serve sets of up to four
+ * limits and 4,096 as before (1.9 MB) the others, 4.9 MB in all, touched
+ * only as denials fill them. */
+#define NARROW_LIMITS	4
+#define NARROW_SETS	4096	/* powers of two */
+#define WIDE_SETS	1024
 /* An operator's DEL or FLUSHDB shows within this; a hot key over its limit
  * costs one Redis call per worker in this time. */
 #define DENYCACHE_MAX_US 10000000
@@ -44,21 +52,40 @@ struct deny_tag {
 	long long		 until_us;	/* valid before this; 0: empty */
 };
 
+/* A limit's part of a denial: what the reply tells (a denial is never
+ * held, so it has no delay). */
+struct deny_result {
+	long long		 remaining;
+	long long		 reset_ms;
+	long long		 retry_ms;
+};
+
 struct deny_entry {
 	uint64_t		 h2;
 	unsigned long		 generation;
 	const struct route	*route;
 	long long		 cost;
 	unsigned long		 link;
-	long long		 stored_us;	/* the reply's arrival: ages v */
+	long long		 stored_us;	/* the reply's arrival: ages it */
 	long long		 retry_at_us;	/* what clients are told */
-	struct verdict		 v;
+	long long		 now_ms;	/* the verdict's */
+	uint16_t		 allowed;	/* bit i: limit i allowed */
+	uint8_t			 n, headline;
+	struct deny_result	 r[];		/* the table's width */
+};
+
+/* Entries of one width, set by set, DENYCACHE_WAYS to a set. */
+struct deny_table {
+	size_t			 sets;		/* a power of two */
+	size_t			 width;		/* limits an entry has room for */
+	size_t			 stride;	/* bytes from one entry to the next */
+	struct deny_tag		*tags;
+	unsigned char		*entries;
 };
 
 struct denycache {
 	uint64_t		 dc_key[4];	/* two SipHash keys, secret */
-	struct deny_tag		 tags[DENYCACHE_SETS][DENYCACHE_WAYS];
-	struct deny_entry	 slots[DENYCACHE_SETS][DENYCACHE_WAYS];
+	struct deny_table	 narrow, wide;
 };
 
 /* Two keyed hashes of the encoded client key, which is all an entry keeps
@@ -119,30 +146,95 @@ blocked_ms(const struct limit *l, const struct limit_result *r, long long cost)
 	return !r->allowed && cost == 1 ? r->retry_ms : 0;
 }
 
+/* The table for denials under this set of limits */
+static struct deny_table *
+table_of(struct denycache *dc, const struct limit_set *set)
+{
+	return set->nlimits <= NARROW_LIMITS ? &dc->narrow : &dc->wide;
+}
+
 /* The client's set on this route: a client over limits of two routes
  * keeps both denials (a slot from the client alone made them evict each
  * other). */
 static size_t
-set_of(const struct route *route, uint64_t h1)
+set_of(const struct deny_table *t, const struct route *route, uint64_t h1)
 {
 	uint64_t r = (uint64_t)(uintptr_t)route * 0x9e3779b97f4a7c15ULL;
 
-	return (size_t)((h1 ^ (r >> 32)) & (DENYCACHE_SETS - 1));
+	return (size_t)((h1 ^ (r >> 32)) & (t->sets - 1));
+}
+
+static struct deny_tag *
+tag_at(const struct deny_table *t, size_t idx, size_t w)
+{
+	return &t->tags[idx * DENYCACHE_WAYS + w];
+}
+
+static struct deny_entry *
+entry_at(const struct deny_table *t, size_t idx, size_t w)
+{
+	return (struct deny_entry *)(void *)(t->entries +
+	    (idx * DENYCACHE_WAYS + w) * t->stride);
 }
 
 /* Is way w of set idx this client's entry on this route (held or not)? */
 static int
-is_clients(const struct denycache *dc, size_t idx, size_t w, uint64_t h1,
+is_clients(const struct deny_table *t, size_t idx, size_t w, uint64_t h1,
     uint64_t h2, const struct route *route)
 {
-	return dc->tags[idx][w].h1 == h1 && dc->slots[idx][w].h2 == h2 &&
-	    dc->slots[idx][w].route == route;
+	const struct deny_entry *e = entry_at(t, idx, w);
+
+	return tag_at(t, idx, w)->h1 == h1 && e->h2 == h2 && e->route == route;
+}
+
+/* Bytes from one entry to the next in a table of this width */
+static size_t
+entry_stride(size_t width)
+{
+	size_t align = _Alignof(struct deny_entry);
+
+	return (offsetof(struct deny_entry, r) +
+	    width * sizeof(struct deny_result) + align - 1) / align * align;
+}
+
+static size_t
+table_bytes(size_t sets, size_t width)
+{
+	return sets * DENYCACHE_WAYS *
+	    (sizeof(struct deny_tag) + entry_stride(width));
+}
+
+/* Lays out a table of this many sets and width at *at, moving it on. */
+static void
+table_place(struct deny_table *t, size_t sets, size_t width, unsigned char **at)
+{
+	t->sets = sets;
+	t->width = width;
+	t->stride = entry_stride(width);
+	t->tags = (struct deny_tag *)(void *)*at;
+	t->entries = *at + sets * DENYCACHE_WAYS * sizeof(struct deny_tag);
+	*at += table_bytes(sets, width);
+}
+
+/* One allocation, so that a large calloc maps zero pages the kernel
+ * fills only when an entry is written. */
+static struct denycache *
+denycache_alloc(void)
+{
+	struct denycache *dc = xcalloc(1, sizeof(*dc) +
+	    table_bytes(NARROW_SETS, NARROW_LIMITS) +
+	    table_bytes(WIDE_SETS, CONFIG_LIMITS_MAX));
+	unsigned char *at = (unsigned char *)(dc + 1);
+
+	table_place(&dc->narrow, NARROW_SETS, NARROW_LIMITS, &at);
+	table_place(&dc->wide, WIDE_SETS, CONFIG_LIMITS_MAX, &at);
+	return dc;
 }
 
 struct denycache *
 denycache_new(void)
 {
-	struct denycache *dc = xcalloc(1, sizeof(*dc));
+	struct denycache *dc = denycache_alloc();
 	struct timespec ts;
 
 	if (getrandom(dc->dc_key, sizeof(dc->dc_key), 0) != sizeof(dc->dc_key)) {
@@ -160,7 +252,7 @@ denycache_new(void)
 struct denycache *
 denycache_new_keyed(const uint64_t key[4])
 {
-	struct denycache *dc = xcalloc(1, sizeof(*dc));
+	struct denycache *dc = denycache_alloc();
 
 	memcpy(dc->dc_key, key, sizeof(dc->dc_key));
 	return dc;
@@ -180,10 +272,14 @@ denycache_put(struct denycache *dc, const struct config *config,
 {
 	long long until_ms = 0, until_us, retry_ms, unchanged = LLONG_MAX;
 	long long blocked = 0, least = 0;
+	struct deny_table *t = table_of(dc, set);
+	struct deny_tag *tag;
 	struct deny_entry *e;
 	uint64_t h1, h2;
 	size_t idx, way = 0;
 
+	if (v->allowed || v->n != set->nlimits)
+		return 0;
 	for (size_t i = 0; i < v->n; i++) {
 		long long u = unchanged_ms(&set->limits[i], &v->r[i], cost);
 		long long b = blocked_ms(&set->limits[i], &v->r[i], cost);
@@ -211,17 +307,17 @@ denycache_put(struct denycache *dc, const struct config *config,
 	if (until_us <= now_us)
 		return 0;
 	hash128(dc, client, &h1, &h2);
-	idx = set_of(route, h1);
+	idx = set_of(t, route, h1);
 	/* The client's own entry on this route, whatever its cost: one a
 	 * client, as with one way. Else the way that serves least: empty,
 	 * expired or of an older policy first, then the soonest to expire. */
 	for (size_t w = 0; w < DENYCACHE_WAYS; w++) {
-		const struct deny_tag *t = &dc->tags[idx][w];
-		const struct deny_entry *o = &dc->slots[idx][w];
-		long long serves = t->until_us <= now_us ||
-		    o->generation != config->generation ? 0 : t->until_us;
+		const struct deny_tag *o = tag_at(t, idx, w);
+		long long serves = o->until_us <= now_us ||
+		    entry_at(t, idx, w)->generation != config->generation ? 0 :
+		    o->until_us;
 
-		if (is_clients(dc, idx, w, h1, h2, route)) {
+		if (is_clients(t, idx, w, h1, h2, route)) {
 			way = w;
 			least = 0;	/* its own: nothing given up */
 			break;
@@ -231,9 +327,10 @@ denycache_put(struct denycache *dc, const struct config *config,
 			least = serves;
 		}
 	}
-	dc->tags[idx][way].h1 = h1;
-	dc->tags[idx][way].until_us = until_us;
-	e = &dc->slots[idx][way];
+	tag = tag_at(t, idx, way);
+	tag->h1 = h1;
+	tag->until_us = until_us;
+	e = entry_at(t, idx, way);
 	e->h2 = h2;
 	e->generation = config->generation;
 	e->route = route;
@@ -241,38 +338,53 @@ denycache_put(struct denycache *dc, const struct config *config,
 	e->link = link;
 	e->stored_us = now_us;
 	e->retry_at_us = now_us + retry_ms * 1000;
-	e->v = *v;
+	e->now_ms = v->now_ms;
+	e->allowed = 0;
+	e->n = (uint8_t)v->n;
+	e->headline = (uint8_t)v->headline;
+	for (size_t i = 0; i < v->n; i++) {
+		e->allowed |= (uint16_t)((v->r[i].allowed != 0) << i);
+		e->r[i].remaining = v->r[i].remaining;
+		e->r[i].reset_ms = v->r[i].reset_ms;
+		e->r[i].retry_ms = v->r[i].retry_ms;
+	}
 	return least > 0;
 }
 
 int
 denycache_get(struct denycache *dc, const struct config *config,
-    const struct route *route, const char *client, long long cost,
-    long long now_us, unsigned long link, struct verdict *out)
+    const struct route *route, const struct limit_set *set, const char *client,
+    long long cost, long long now_us, unsigned long link, struct verdict *out)
 {
+	const struct deny_table *t = table_of(dc, set);
 	const struct deny_entry *e = NULL;
 	long long aged_ms;
 	uint64_t h1, h2;
 	size_t idx;
 
 	hash128(dc, client, &h1, &h2);
-	idx = set_of(route, h1);
+	idx = set_of(t, route, h1);
 	for (size_t w = 0; w < DENYCACHE_WAYS && e == NULL; w++)
-		if (dc->tags[idx][w].until_us > now_us &&
-		    is_clients(dc, idx, w, h1, h2, route))
-			e = &dc->slots[idx][w];
+		if (tag_at(t, idx, w)->until_us > now_us &&
+		    is_clients(t, idx, w, h1, h2, route))
+			e = entry_at(t, idx, w);
 	if (e == NULL || e->generation != config->generation ||
-	    cost != e->cost || e->link != link)
+	    cost != e->cost || e->link != link || e->n != set->nlimits)
 		return 0;
-	*out = e->v;
 	aged_ms = (now_us - e->stored_us) / 1000;
-	out->now_ms += aged_ms;
+	memset(out, 0, sizeof(*out));
+	out->now_ms = e->now_ms + aged_ms;
+	out->n = e->n;
+	out->headline = e->headline;
 	out->retry_ms = (e->retry_at_us - now_us + 999) / 1000;
 	for (size_t i = 0; i < out->n; i++) {
+		const struct deny_result *d = &e->r[i];
 		struct limit_result *r = &out->r[i];
 
-		r->reset_ms = r->reset_ms > aged_ms ? r->reset_ms - aged_ms : 0;
-		r->retry_ms = r->retry_ms > aged_ms ? r->retry_ms - aged_ms : 0;
+		r->allowed = e->allowed >> i & 1;
+		r->remaining = d->remaining;
+		r->reset_ms = d->reset_ms > aged_ms ? d->reset_ms - aged_ms : 0;
+		r->retry_ms = d->retry_ms > aged_ms ? d->retry_ms - aged_ms : 0;
 		if (!r->allowed && r->retry_ms == 0)
 			r->retry_ms = 1;
 	}

@@ -31,11 +31,11 @@ int denycache_put(struct denycache *dc, const struct config *config,
     const struct route *route, const struct limit_set *set, const char *client,
     long long cost, const struct verdict *v, long long sent_us,
     long long now_us, unsigned long link);
-/* A still-valid denial for this client and the same cost (a bigger cost has
- * a later retry time of its own) over the same link, with times aged to
- * now; 1 on a hit. */
+/* A still-valid denial for this client, under the limits of set, and the
+ * same cost (a bigger cost has a later retry time of its own) over the same
+ * link, with times aged to now; 1 on a hit. */
 int denycache_get(struct denycache *dc, const struct config *config,
-    const struct route *route, const char *client, long long cost,
-    long long now_us, unsigned long link, struct verdict *out);
+    const struct route *route, const struct limit_set *set, const char *client,
+    long long cost, long long now_us, unsigned long link, struct verdict *out);
 
 #endif

@@ -489,8 +489,8 @@ check_denycache(struct input *in, const struct config *c)
 			denycache_put(dc, config, route, set, clients[client], cost,
 			    &p->v, p->sent_us, now_us, link);
 			nputs++;
-		} else if (denycache_get(dc, config, route, clients[client], cost,
-		    now_us, link, &out)) {
+		} else if (denycache_get(dc, config, route, &route->limits,
+		    clients[client], cost, now_us, link, &out)) {
 			size_t i;
 
 			for (i = 0; i < nputs; i++)

@@ -1566,18 +1566,38 @@ test_formatting(void)
 	CHECK(fmt_http_date(d, 253402300800LL) == 0);	/* year 10000 */
 }
 
-/* Caches key's denial by the first limit of `two` (the second allows),
+/* Caches key's denial by the first limit of set (the others allow),
  * retry_ms from now, for a call sent and answered at the times given;
  * 1 when it gave up another denial that still held. */
 static int
 cache_denial(struct denycache *dc, struct config *c, const struct route *route,
-    struct limit_set *two, const char *key, long long retry_ms,
+    struct limit_set *set, const char *key, long long retry_ms,
     long long sent_us, long long answered_us, struct verdict *v)
 {
-	long long denied[] = { 0, 5000, 0, 0, 2000, retry_ms, 0, 1, 977, 1800000, 0, 0 };
+	long long ints[LIMITER_REPLY_INTS(CONFIG_LIMITS_MAX)] = { 0, 5000,
+	    0, 0, 2000, retry_ms, 0 };
 
-	CHECK(limiter_parse(two, denied, 12, v) == 0);
-	return denycache_put(dc, c, route, two, key, 1, v, sent_us, answered_us, 1);
+	for (size_t i = 1; i < set->nlimits; i++)
+		memcpy(ints + 2 + 5 * i, (long long[]){ 1, 977, 1800000, 0, 0 },
+		    5 * sizeof(long long));
+	CHECK(limiter_parse(set, ints, LIMITER_REPLY_INTS(set->nlimits), v) == 0);
+	return denycache_put(dc, c, route, set, key, 1, v, sent_us, answered_us, 1);
+}
+
+/* How many of n clients ("prefix-0" on) have a denial cached at at_us */
+static unsigned
+cached_denials(struct denycache *dc, struct config *c, const struct route *route,
+    struct limit_set *set, const char *prefix, int n, long long at_us)
+{
+	struct verdict out;
+	unsigned hits = 0;
+	char key[32];
+
+	for (int i = 0; i < n; i++) {
+		snprintf(key, sizeof(key), "%s-%d", prefix, i);
+		hits += denycache_get(dc, c, route, set, key, 1, at_us, 1, &out);
+	}
+	return hits;
 }
 
 /* Caches the denials of n clients ("prefix-0" on, 5 s to wait) answered
@@ -1585,22 +1605,18 @@ cache_denial(struct denycache *dc, struct config *c, const struct route *route,
  * how many puts said they gave up another denial that still held. */
 static unsigned
 cache_denials(struct denycache *dc, struct config *c, const struct route *route,
-    struct limit_set *two, const char *prefix, int n, long long at_us,
+    struct limit_set *set, const char *prefix, int n, long long at_us,
     unsigned *hits)
 {
-	struct verdict v, out;
+	struct verdict v;
 	unsigned given_up = 0;
 	char key[32];
 
 	for (int i = 0; i < n; i++) {
 		snprintf(key, sizeof(key), "%s-%d", prefix, i);
-		given_up += cache_denial(dc, c, route, two, key, 5000, at_us, at_us, &v);
+		given_up += cache_denial(dc, c, route, set, key, 5000, at_us, at_us, &v);
 	}
-	*hits = 0;
-	for (int i = 0; i < n; i++) {
-		snprintf(key, sizeof(key), "%s-%d", prefix, i);
-		*hits += denycache_get(dc, c, route, key, 1, at_us + 1, 1, &out);
-	}
+	*hits = cached_denials(dc, c, route, set, prefix, n, at_us + 1);
 	return given_up;
 }
 
@@ -1683,6 +1699,58 @@ test_chunked(void)
 	    &end, &why) == CHUNKED_DONE && end == 11);
 }
 
+/* Puts the denials of n clients under `width` copies of route's first
+ * limit (a fixed window), each number of each limit its own, and checks
+ * that every one found reads back as it was put, and that nearly every
+ * entry of the table holds one. */
+static void
+check_denial_fields(struct config *c, const struct route *route, size_t width,
+    int n)
+{
+	static const uint64_t fixed[4] = { 5, 6, 7, 8 };
+	struct denycache *dc = denycache_new_keyed(fixed);
+	struct limit limits[CONFIG_LIMITS_MAX];
+	struct limit_set set = { limits, width, 0, 20 };
+	long long ints[LIMITER_REPLY_INTS(CONFIG_LIMITS_MAX)];
+	struct verdict v, out;
+	int found = 0;
+	char key[32];
+
+	for (size_t j = 0; j < width; j++)
+		limits[j] = route->limits.limits[0];
+	for (int pass = 0; pass < 2; pass++) {
+		for (int i = 0; i < n; i++) {
+			/* the first limit denies, with nothing left, for 5 s */
+			long long head[] = { 0, 5000 + i, 0, 0, 60000 + i, 5000 + i % 97, 0 };
+
+			memcpy(ints, head, sizeof(head));
+			for (size_t j = 1; j < width; j++)
+				memcpy(ints + 2 + 5 * j, (long long[]){ 1, 16 * i + (long long)j,
+				    10000 + 16 * i + (long long)j, 0, 0 }, 5 * sizeof(long long));
+			CHECK(limiter_parse(&set, ints, LIMITER_REPLY_INTS(width), &v) == 0);
+			snprintf(key, sizeof(key), "field-%d", i);
+			if (pass == 0) {
+				denycache_put(dc, c, route, &set, key, 1, &v, 1000000,
+				    1000000, 1);
+				continue;
+			}
+			if (!denycache_get(dc, c, route, &set, key, 1, 1000000, 1, &out))
+				continue;
+			found++;
+			CHECK(!out.allowed && out.n == width && out.headline == 0 &&
+			    out.now_ms == v.now_ms && out.retry_ms == v.retry_ms);
+			for (size_t j = 0; j < width; j++)
+				CHECK(out.r[j].allowed == v.r[j].allowed &&
+				    out.r[j].remaining == v.r[j].remaining &&
+				    out.r[j].reset_ms == v.r[j].reset_ms &&
+				    out.r[j].retry_ms == v.r[j].retry_ms);
+		}
+	}
+	/* of 16,384 or 4,096 entries, those of sets that drew four keys */
+	CHECK(found >= (width == 4 ? 16200 : 4040));
+	denycache_free(dc);
+}
+
 static void
 test_denycache(void)
 {
@@ -1701,29 +1769,29 @@ test_denycache(void)
 	/* api's first two limits are token buckets; reuse a 2-limit slice */
 	struct limit_set two = { api->limits.limits, 2, 0, 20 };
 	cache_denial(dc, c, api, &two, "k1", 1500, 1000000, 1000000, &v);
-	CHECK(denycache_get(dc, c, api, "k1", 1, 1500000, 1, &out) == 1);
+	CHECK(denycache_get(dc, c, api, &two, "k1", 1, 1500000, 1, &out) == 1);
 	CHECK(out.retry_ms == 1000 && !out.allowed);
-	CHECK(denycache_get(dc, c, api, "k2", 1, 1500000, 1, &out) == 0);
-	CHECK(denycache_get(dc, c, api, "k1", 1, 2500000, 1, &out) == 0);	/* expired */
-	CHECK(denycache_get(dc, c, &c->routes[0], "k1", 1, 1500000, 1, &out) == 0);
+	CHECK(denycache_get(dc, c, api, &two, "k2", 1, 1500000, 1, &out) == 0);
+	CHECK(denycache_get(dc, c, api, &two, "k1", 1, 2500000, 1, &out) == 0);	/* expired */
+	CHECK(denycache_get(dc, c, &c->routes[0], &c->routes[0].limits, "k1", 1, 1500000, 1, &out) == 0);
 	/* another Redis link: the state may be gone */
-	CHECK(denycache_get(dc, c, api, "k1", 1, 1500000, 2, &out) == 0);
+	CHECK(denycache_get(dc, c, api, &two, "k1", 1, 1500000, 2, &out) == 0);
 
 	/* Valid from the send, less the millisecond the script rounded up
 	 * (retry 500 ms: surely denied until 499 ms after the send); told
 	 * from the arrival, so a client is never sent back early. */
 	cache_denial(dc, c, api, &two, "k3", 500, 1000000, 1004000, &v);
-	CHECK(denycache_get(dc, c, api, "k3", 1, 1498999, 1, &out) == 1);
+	CHECK(denycache_get(dc, c, api, &two, "k3", 1, 1498999, 1, &out) == 1);
 	CHECK(out.retry_ms == 6);
-	CHECK(denycache_get(dc, c, api, "k3", 1, 1499000, 1, &out) == 0);
+	CHECK(denycache_get(dc, c, api, &two, "k3", 1, 1499000, 1, &out) == 0);
 	/* a retry of 1 ms cannot be known to hold past the send */
 	cache_denial(dc, c, api, &two, "k4", 1, 1000000, 1000000, &v);
-	CHECK(denycache_get(dc, c, api, "k4", 1, 1000000, 1, &out) == 0);
+	CHECK(denycache_get(dc, c, api, &two, "k4", 1, 1000000, 1, &out) == 0);
 	/* at most 10 s, whatever the retry */
 	cache_denial(dc, c, api, &two, "k5", 3600000, 1000000, 1000000, &v);
-	CHECK(denycache_get(dc, c, api, "k5", 1, 10999999, 1, &out) == 1);
+	CHECK(denycache_get(dc, c, api, &two, "k5", 1, 10999999, 1, &out) == 1);
 	CHECK(out.retry_ms == 3590001);
-	CHECK(denycache_get(dc, c, api, "k5", 1, 11000000, 1, &out) == 0);
+	CHECK(denycache_get(dc, c, api, &two, "k5", 1, 11000000, 1, &out) == 0);
 
 	/* one client over limits of two routes keeps both denials */
 	{
@@ -1734,8 +1802,8 @@ test_denycache(void)
 		    7, &fw) == 0);
 		denycache_put(dc, c, api, &two, "k6", 1, &v, 1000000, 1000000, 1);
 		denycache_put(dc, c, dflt, &dflt->limits, "k6", 1, &fw, 1000000, 1000000, 1);
-		CHECK(denycache_get(dc, c, api, "k6", 1, 1000001, 1, &out) == 1);
-		CHECK(denycache_get(dc, c, dflt, "k6", 1, 1000001, 1, &out) == 1);
+		CHECK(denycache_get(dc, c, api, &two, "k6", 1, 1000001, 1, &out) == 1);
+		CHECK(denycache_get(dc, c, dflt, &dflt->limits, "k6", 1, 1000001, 1, &out) == 1);
 	}
 
 	/* A denial of cost 3 while 1 is left: a check of cost 1 may pass
@@ -1748,11 +1816,11 @@ test_denycache(void)
 		CHECK(limiter_parse(&dflt->limits, (long long[]){ 0, 5000, 0, 1, 60000,
 		    60000, 0 }, 7, &fw) == 0);
 		denycache_put(dc, c, dflt, &dflt->limits, "k7", 3, &fw, 1000000, 1000000, 1);
-		CHECK(denycache_get(dc, c, dflt, "k7", 3, 1000001, 1, &out) == 0);
+		CHECK(denycache_get(dc, c, dflt, &dflt->limits, "k7", 3, 1000001, 1, &out) == 0);
 		CHECK(limiter_parse(&dflt->limits, (long long[]){ 0, 5000, 0, 0, 60000,
 		    60000, 0 }, 7, &fw) == 0);
 		denycache_put(dc, c, dflt, &dflt->limits, "k7", 3, &fw, 1000000, 1000000, 1);
-		CHECK(denycache_get(dc, c, dflt, "k7", 3, 1000001, 1, &out) == 1);
+		CHECK(denycache_get(dc, c, dflt, &dflt->limits, "k7", 3, 1000001, 1, &out) == 1);
 		/* a bucket denied a cost of 2 one unit short: a check of cost
 		 * 1 passes at once (the audit's case); with under one unit
 		 * left, one passes when a unit arrives, which the reply of a
@@ -1761,7 +1829,7 @@ test_denycache(void)
 			CHECK(limiter_parse(&two, (long long[]){ 0, 5000, 0, left, 2000,
 			    1500, 0, 1, 977, 1800000, 0, 0 }, 12, &v) == 0);
 			denycache_put(dc, c, api, &two, "k8", 2, &v, 1000000, 1000000, 1);
-			CHECK(denycache_get(dc, c, api, "k8", 2, 1000001, 1, &out) == 0);
+			CHECK(denycache_get(dc, c, api, &two, "k8", 2, 1000001, 1, &out) == 0);
 		}
 	}
 
@@ -1773,34 +1841,61 @@ test_denycache(void)
 	    7, &v) == 0);
 	denycache_put(dc, c, &c->routes[0], &c->routes[0].limits, "k9", 1, &v, 1000000,
 	    1000000, 1);
-	CHECK(denycache_get(dc, c, &c->routes[0], "k9", 1, 1038999, 1, &out) == 1);
+	CHECK(denycache_get(dc, c, &c->routes[0], &c->routes[0].limits, "k9", 1, 1038999, 1, &out) == 1);
 	CHECK(out.r[0].retry_ms == 2 && out.r[0].reset_ms == 62 && out.r[0].remaining == 0);
-	CHECK(denycache_get(dc, c, &c->routes[0], "k9", 1, 1039000, 1, &out) == 0);
+	CHECK(denycache_get(dc, c, &c->routes[0], &c->routes[0].limits, "k9", 1, 1039000, 1, &out) == 0);
 	CHECK(limiter_parse(&c->routes[0].limits, (long long[]){ 0, 1, 0, 1, 100, 40, 0 },
 	    7, &v) == 0);
 	denycache_put(dc, c, &c->routes[0], &c->routes[0].limits, "k10", 2, &v, 1000000,
 	    1000000, 1);
-	CHECK(denycache_get(dc, c, &c->routes[0], "k10", 2, 1000001, 1, &out) == 0);
+	CHECK(denycache_get(dc, c, &c->routes[0], &c->routes[0].limits, "k10", 2, 1000001, 1, &out) == 0);
 
-	/* 600 clients over their limits keep their denials together (with
-	 * one way, a quarter of them shared a slot with another); a full set
-	 * gives up the entry that serves least: after 3,000 denials that
-	 * expired, 600 new ones stay. A set holds four, and a few of 600 keys
-	 * over 1,024 sets may come fifth to theirs: at least 99 % stay (with
-	 * the way to give up chosen by place, not by use, about two thirds
-	 * did). Fixed hash keys: the same sets on every run. */
+	/* 3,000 clients over their limits keep their denials together
+	 * (in one table of 4,096 entries, a tenth went to Redis; with one
+	 * way, 300 clients shared slots enough to send one check in 14); a
+	 * full set gives up the entry that serves least: after 16,000 denials
+	 * that expired, 3,000 new ones stay. A set holds four, and a few of
+	 * 3,000 keys over 4,096 sets may come fifth to theirs: at least 99 %
+	 * stay. A route of more than four limits has a table of its own
+	 * (4,096 entries, as before), where 1,000 clients stay, and neither
+	 * table gives up the other's denials. Fixed hash keys: the same sets
+	 * on every run. */
 	{
 		static const uint64_t fixed[4] = { 1, 2, 3, 4 };
 		struct denycache *many = denycache_new_keyed(fixed);
+		struct limit five_limits[5];
+		struct limit_set five = { five_limits, 5, 0, 20 };
 		unsigned given_up, hits;
 
-		given_up = cache_denials(many, c, api, &two, "many", 600, 2000000, &hits);
-		CHECK(hits >= 594 && given_up == 600 - hits);	/* each one said */
-		cache_denials(many, c, api, &two, "brief", 3000, 2000000, &hits);
-		given_up = cache_denials(many, c, api, &two, "later", 600, 7000000, &hits);
+		five_limits[0] = api->limits.limits[0];
+		for (int i = 1; i < 5; i++)
+			five_limits[i] = api->limits.limits[1];
+		given_up = cache_denials(many, c, api, &two, "many", 3000, 2000000, &hits);
+		CHECK(hits >= 2970 && given_up == 3000 - hits);	/* each one said */
+		given_up = cache_denials(many, c, api, &five, "wide", 1000, 2000000, &hits);
+		CHECK(hits >= 990 && given_up == 1000 - hits);
+		CHECK(cached_denials(many, c, api, &two, "many", 3000, 2000002) >= 2970);
+		cache_denials(many, c, api, &two, "brief", 16000, 2000000, &hits);
+		given_up = cache_denials(many, c, api, &two, "later", 3000, 7000000, &hits);
 		/* the expired went first: only a later one gave way, if any */
-		CHECK(hits >= 594 && given_up == 600 - hits);
+		CHECK(hits >= 2970 && given_up == 3000 - hits);
 		denycache_free(many);
+	}
+	/* Entries filled to their table's width, every way of every set
+	 * written, give back each number they were given: a stride a limit
+	 * short would let an entry's last limit and its neighbour's head
+	 * overwrite each other (past the last entry, out of the allocation,
+	 * which ASan sees). */
+	for (size_t width = 4; width <= CONFIG_LIMITS_MAX; width += 12)
+		check_denial_fields(c, &c->routes[3], width, width == 4 ? 40000 : 10000);
+	/* A client's set of limits is what it was put under (a reload is a
+	 * new generation): one of another size never reads the entry. */
+	{
+		struct limit_set one = { two.limits, 1, 0, 20 };
+
+		cache_denial(dc, c, api, &two, "k11", 5000, 1000000, 1000000, &v);
+		CHECK(denycache_get(dc, c, api, &two, "k11", 1, 1000001, 1, &out) == 1);
+		CHECK(denycache_get(dc, c, api, &one, "k11", 1, 1000001, 1, &out) == 0);
 	}
 	denycache_free(dc);
 	config_unref(c);
