@@ -1881,6 +1881,31 @@ test_denycache(void)
 		CHECK(hits >= 2970 && given_up == 3000 - hits);
 		denycache_free(many);
 	}
+	/* A lookup that finds every denial of its set expired marks the set
+	 * empty, so that the next lookups there read no tags; never a set
+	 * where another client's denial still holds, and a put marks it
+	 * again. */
+	{
+		static const uint64_t fixed[4] = { 9, 10, 11, 12 };
+		struct denycache *mixed = denycache_new_keyed(fixed);
+		unsigned hits, held;
+
+		for (int i = 0; i < 3000; i++) {
+			char key[32];
+
+			snprintf(key, sizeof(key), "short-%d", i);
+			cache_denial(mixed, c, api, &two, key, 1000, 2000000, 2000000, &v);
+			snprintf(key, sizeof(key), "long-%d", i);
+			cache_denial(mixed, c, api, &two, key, 5000, 2000000, 2000000, &v);
+		}
+		held = cached_denials(mixed, c, api, &two, "long", 3000, 2000001);
+		CHECK(held >= 2970);
+		CHECK(cached_denials(mixed, c, api, &two, "short", 3000, 3500000) == 0);
+		CHECK(cached_denials(mixed, c, api, &two, "long", 3000, 3500000) == held);
+		cache_denials(mixed, c, api, &two, "short", 3000, 3500000, &hits);
+		CHECK(hits >= 2970);
+		denycache_free(mixed);
+	}
 	/* Entries filled to their table's width, every way of every set
 	 * written, give back each number they were given: a stride a limit
 	 * short would let an entry's last limit and its neighbour's head
