@@ -38,7 +38,8 @@
  * entries (3.1 MB), past about 3,000 clients over their limits at once the
  * rest went to Redis; now 16,384 entries (3.0 MB) serve sets of up to four
  * limits and 4,096 as before (1.9 MB) the others, 4.9 MB in all, touched
- * only as denials fill them. */
+ * only as denials fill them (a lookup reads a set's tags only once a put
+ * has marked it: see occupied). */
 #define NARROW_LIMITS	4
 #define NARROW_SETS	4096	/* powers of two */
 #define WIDE_SETS	1024
@@ -93,11 +94,12 @@ struct denycache {
 	struct deny_table	 narrow, wide;
 };
 
-/* Two keyed hashes of the encoded client key (h2 only once h1 has matched
- * a tag: most lookups miss), which is all an entry keeps of it. With a fixed hash, a client who knows another's key (an address,
- * a user id) could search for a key of its own that hashes alike, and
- * have its cached denials answer the other client; the keys are drawn at
- * startup, so it cannot know where any key lands. */
+/* Two keyed hashes of the encoded client key, which is all an entry keeps
+ * of it (a lookup computes the second only once the first has matched a
+ * tag: most miss). With a fixed hash, a client who knows another's key (an
+ * address, a user id) could search for a key of its own that hashes
+ * alike, and have its cached denials answer the other client; the keys
+ * are drawn at startup, so it cannot know where any key lands. */
 static uint64_t
 hash_first(const struct denycache *dc, const char *s, size_t len)
 {
