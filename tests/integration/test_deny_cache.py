@@ -177,6 +177,52 @@ def test_cached_reply_is_the_one_redis_would_give(start_daemon, redis_server):
     assert script_calls(rc) == calls, "a denial one token short was not cached"
 
 
+WIDE = policy(
+    "  - name: wide\n    match: {prefix: /}\n    key: header:X-Api-Key\n"
+    "    limits:\n"
+    "      - {name: q, algorithm: fixed_window, limit: 2, window: 1h}\n"
+    + "".join("      - {name: l%d, algorithm: fixed_window, limit: %d, window: 1h}\n"
+              % (i, 100 + i) for i in range(1, 6))
+    + "    overrides:\n"
+    "      - {keys: [vip], limits: [{name: v, algorithm: fixed_window, limit: 1, window: 1h}]}\n",
+    timeout="500ms")
+
+
+def without_times(body):
+    """A /v1/check body less the times, which a cached denial counts down."""
+    out = {k: v for k, v in body.items() if k not in ("reset", "retry_after")}
+    if "limits" in out:
+        out["limits"] = [without_times(x) for x in out["limits"]]
+    return out
+
+
+def test_a_denial_is_cached_with_room_for_every_limit_it_was_decided_under(start_daemon,
+                                                                           redis_server):
+    """Denials under up to four limits are kept in one table and under
+    more in another, each entry with room for its own: a route of six
+    limits, and an override of one on it. Each client's repeats are
+    answered without Redis with every limit's numbers as Redis gave them,
+    the times no later."""
+    d = start_daemon(WIDE)
+    rc = redis_server.client()
+    for key, quota, nlimits in (("many", 2, 6), ("vip", 1, 1)):
+        for _ in range(quota):
+            assert vcheck_cost(d, "wide", key).status_code == 200
+        first = vcheck_cost(d, "wide", key)
+        want = first.json()
+        assert first.status_code == 429 and len(want["limits"]) == nlimits, first.text
+        calls, hits = script_calls(rc), deny_cache_counts(d)[0]
+        for _ in range(5):
+            r = vcheck_cost(d, "wide", key)
+            got = r.json()
+            assert r.status_code == 429 and without_times(got) == without_times(want), r.text
+            for a, b in zip(got["limits"] + [got], want["limits"] + [want]):
+                assert a["reset"] <= b["reset"], (got, want)
+            assert 1 <= got["retry_after"] <= want["retry_after"], (got, want)
+        assert script_calls(rc) == calls, key
+        assert deny_cache_counts(d) == (hits + 5, 0), key
+
+
 def test_a_larger_denial_is_not_repeated_after_a_smaller_check_passes(start_daemon):
     """A denial of cost 3 with 2 units left was cached, a check of cost 2
     then passed, and the cached denial went on saying 2 left and
