@@ -77,7 +77,7 @@ struct deny_entry {
 
 /* Entries of one width, set by set, DENYCACHE_WAYS to a set. */
 struct deny_table {
-	size_t			 sets;		/* a power of two, at least 64 */
+	size_t			 sets;		/* a power of two, at least 512 */
 	size_t			 width;		/* limits an entry has room for */
 	size_t			 stride;	/* bytes from one entry to the next */
 	/* A bit per set that may hold a live denial. Every check looks its
@@ -222,10 +222,14 @@ entry_stride(size_t width)
 	    width * sizeof(struct deny_result) + align - 1) / align * align;
 }
 
+/* A set's four tags are one cache line when the tags start on one. */
+#define CACHE_LINE	64
+
+/* Bytes a table needs, with room to start its bitmap and tags on a line */
 static size_t
 table_bytes(size_t sets, size_t width)
 {
-	return sets / 64 * sizeof(uint64_t) + sets * DENYCACHE_WAYS *
+	return CACHE_LINE + sets / 64 * sizeof(uint64_t) + sets * DENYCACHE_WAYS *
 	    (sizeof(struct deny_tag) + entry_stride(width));
 }
 
@@ -233,11 +237,16 @@ table_bytes(size_t sets, size_t width)
 static void
 table_place(struct deny_table *t, size_t sets, size_t width, unsigned char **at)
 {
+	uintptr_t line = ((uintptr_t)*at + CACHE_LINE - 1) & ~(uintptr_t)(CACHE_LINE - 1);
+	unsigned char *start = *at + (line - (uintptr_t)*at);
+
 	t->sets = sets;
 	t->width = width;
 	t->stride = entry_stride(width);
-	t->occupied = (uint64_t *)(void *)*at;
-	t->tags = (struct deny_tag *)(void *)(*at + sets / 64 * sizeof(uint64_t));
+	/* a whole number of lines (sets is a multiple of 512), so the tags
+	 * start on one too */
+	t->occupied = (uint64_t *)(void *)start;
+	t->tags = (struct deny_tag *)(void *)(start + sets / 64 * sizeof(uint64_t));
 	t->entries = (unsigned char *)(t->tags + sets * DENYCACHE_WAYS);
 	*at += table_bytes(sets, width);
 }
