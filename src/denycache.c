@@ -156,11 +156,12 @@ blocked_ms(const struct limit *l, const struct limit_result *r, long long cost)
 	return !r->allowed && cost == 1 ? r->retry_ms : 0;
 }
 
-/* The table for denials under this set of limits */
+/* The table for denials under this set of limits: the narrow one when
+ * its entries have room for them all. */
 static struct deny_table *
 table_of(struct denycache *dc, const struct limit_set *set)
 {
-	return set->nlimits <= NARROW_LIMITS ? &dc->narrow : &dc->wide;
+	return set->nlimits <= dc->narrow.width ? &dc->narrow : &dc->wide;
 }
 
 /* The client's set on this route: a client over limits of two routes
